@@ -1,0 +1,128 @@
+// The extension module nntile_torch._C: runtime, tile tensors and ops.
+#include <starpu.h>
+#include <torch/extension.h>
+
+#include "ops/ops.h"
+#include "runtime.h"
+#include "tiles/tile_tensor.h"
+
+namespace py = pybind11;
+using namespace nntile;
+
+namespace {
+
+DType parse_dtype(const std::string &s) {
+    if (s == "float32") return DType::f32;
+    if (s == "bfloat16") return DType::bf16;
+    throw std::invalid_argument("tile dtype must be 'float32' or 'bfloat16' (got '" + s + "')");
+}
+
+const char *node_kind_name(enum starpu_node_kind k) {
+    switch (k) {
+        case STARPU_CPU_RAM: return "cpu";
+        case STARPU_CUDA_RAM: return "cuda";
+        case STARPU_DISK_RAM: return "disk";
+        default: return "other";
+    }
+}
+
+py::dict info() {
+    NNTILE_CHECK(runtime_running(), "the nntile_torch runtime is not running");
+    int major, minor, release;
+    starpu_get_version(&major, &minor, &release);
+    py::dict d;
+    d["starpu_version"] = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(release);
+    py::dict workers;
+    workers["cpu"] = starpu_cpu_worker_get_count();
+    workers["cuda"] = starpu_cuda_worker_get_count();
+    d["workers"] = workers;
+    py::list nodes;
+    for (unsigned n = 0; n < starpu_memory_nodes_get_count(); ++n) {
+        char name[64];
+        starpu_memory_node_get_name(n, name, sizeof(name));
+        py::dict node;
+        node["id"] = n;
+        node["kind"] = node_kind_name(starpu_node_get_kind(n));
+        node["name"] = std::string(name);
+        node["total_bytes"] = (int64_t)starpu_memory_get_total(n);
+        node["available_bytes"] = (int64_t)starpu_memory_get_available(n);
+        nodes.append(node);
+    }
+    d["memory_nodes"] = nodes;
+    auto *policy = starpu_sched_ctx_get_sched_policy(0);
+    d["scheduler"] = std::string(policy && policy->policy_name ? policy->policy_name : "unknown");
+    return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+    m.doc() = "nntile_torch native core: StarPU runtime, tiled tensors and tile ops";
+#ifdef NNTILE_USE_CUDA
+    m.attr("built_with_cuda") = true;
+#else
+    m.attr("built_with_cuda") = false;
+#endif
+
+    m.def(
+        "init",
+        [](int ncpus, int ncuda, int64_t cuda_limit, int64_t host_limit, std::string disk_path, int64_t disk_limit,
+           std::string scheduler) {
+            RuntimeConfig c;
+            c.ncpus = ncpus;
+            c.ncuda = ncuda;
+            c.cuda_memory_limit = cuda_limit;
+            c.host_memory_limit = host_limit;
+            c.disk_path = disk_path;
+            c.disk_limit = disk_limit;
+            c.scheduler = scheduler;
+            py::gil_scoped_release nogil;
+            runtime_init(c);
+        },
+        py::arg("ncpus"), py::arg("ncuda"), py::arg("cuda_memory_limit"), py::arg("host_memory_limit"),
+        py::arg("disk_path"), py::arg("disk_limit"), py::arg("scheduler"));
+    m.def(
+        "shutdown",
+        [](bool keep_data) {
+            py::gil_scoped_release nogil;
+            runtime_shutdown(keep_data);
+        },
+        py::arg("keep_data") = true);
+    m.def("running", &runtime_running);
+    m.def("info", &info);
+    m.def("tasks_submitted", &tasks_submitted);
+    m.def("blocking_waits", &blocking_waits);
+    m.def("wait_all", [] {
+        py::gil_scoped_release nogil;
+        wait_all();
+    });
+
+    py::class_<TileTensor, TileTensorPtr>(m, "TileTensor")
+        .def(py::init([](std::vector<int64_t> shape, std::vector<int64_t> tile_shape, const std::string &dtype,
+                         const std::string &name) {
+                 return std::make_shared<TileTensor>(shape, tile_shape, parse_dtype(dtype), name);
+             }),
+             py::arg("shape"), py::arg("tile_shape"), py::arg("dtype") = "float32", py::arg("name") = "")
+        .def_property_readonly("shape", &TileTensor::shape)
+        .def_property_readonly("tile_shape", &TileTensor::tile_shape)
+        .def_property_readonly("grid", &TileTensor::grid)
+        .def_property_readonly("ntiles", &TileTensor::ntiles)
+        .def_property_readonly("dtype", [](const TileTensor &t) { return std::string(dtype_name(t.dtype())); })
+        .def_property_readonly("version", &TileTensor::version)
+        .def_property_readonly("name", &TileTensor::name)
+        .def("same_tiling", &TileTensor::same_tiling)
+        .def("from_dense", &TileTensor::from_dense, py::call_guard<py::gil_scoped_release>())
+        .def("to_dense", &TileTensor::to_dense, py::call_guard<py::gil_scoped_release>())
+        .def("wont_use", &TileTensor::wont_use)
+        .def("invalidate", &TileTensor::invalidate);
+
+    m.def(
+        "gemm",
+        [](bool ta, TileTensor &a, bool tb, TileTensor &b, TileTensor &c, float alpha, float beta,
+           const std::string &precision) { ops::gemm(ta, a, tb, b, c, alpha, beta, parse_precision(precision)); },
+        py::arg("trans_a"), py::arg("a"), py::arg("trans_b"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.f,
+        py::arg("beta") = 0.f, py::arg("precision") = "fp32");
+    m.def("bias_add", &ops::bias_add, py::arg("b"), py::arg("y"));
+    m.def("bias_grad", &ops::bias_grad, py::arg("dy"), py::arg("db"), py::arg("beta") = 0.f);
+    m.def("add", &ops::add, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"));
+}

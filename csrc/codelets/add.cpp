@@ -1,0 +1,62 @@
+// Codelet for y = alpha x + beta y over whole tiles.
+#include <cstdlib>
+
+#include "../kernels/add.h"
+#include "codelet_util.h"
+#include "codelets.h"
+
+namespace nntile::codelets {
+
+namespace {
+
+struct AddArgs {
+    int64_t n;
+    float alpha, beta;
+};
+
+uint32_t add_footprint(starpu_task *task) {
+    const auto &a = args_of<AddArgs>(task);
+    return hash_ints({a.n, a.beta == 0.f});
+}
+
+void add_cpu_func(void *buffers[], void *cl_arg) {
+    auto *a = static_cast<AddArgs *>(cl_arg);
+    kernels::add_cpu(a->n, a->alpha, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), a->beta,
+                     (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
+}
+
+#ifdef NNTILE_USE_CUDA
+void add_cuda_func(void *buffers[], void *cl_arg) {
+    auto *a = static_cast<AddArgs *>(cl_arg);
+    kernels::add_cuda(starpu_cuda_get_local_stream(), a->n, a->alpha, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]),
+                      a->beta, (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
+}
+#else
+constexpr starpu_cuda_func_t add_cuda_func = nullptr;
+#endif
+
+starpu_codelet *cl_add() {
+    static starpu_perfmodel model;
+    static starpu_codelet cl;
+    static bool ready = [] {
+        init_perfmodel(model, "nntile_add", add_footprint);
+        init_codelet(cl, "add", add_cpu_func, add_cuda_func, &model);
+        return true;
+    }();
+    (void)ready;
+    return &cl;
+}
+
+}  // namespace
+
+void submit_add(int64_t n, float alpha, starpu_data_handle_t x, float beta, starpu_data_handle_t y) {
+    auto *args = static_cast<AddArgs *>(std::malloc(sizeof(AddArgs)));
+    *args = AddArgs{n, alpha, beta};
+    NNTILE_STARPU_CHECK(starpu_task_insert(cl_add(), STARPU_R, x, beta == 0.f ? STARPU_W : STARPU_RW, y,
+                                           STARPU_CL_ARGS, args, sizeof(AddArgs), STARPU_FLOPS, (double)(2 * n),
+                                           STARPU_NAME, "add", 0),
+                        "submitting add n=" << n);
+    count_task();
+}
+
+}  // namespace nntile::codelets

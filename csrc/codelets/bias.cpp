@@ -1,0 +1,99 @@
+// Codelets for bias add (forward) and bias gradient (column sums).
+#include <cstdlib>
+
+#include "../kernels/bias.h"
+#include "codelet_util.h"
+#include "codelets.h"
+
+namespace nntile::codelets {
+
+namespace {
+
+struct BiasArgs {
+    int64_t m, n;
+    float beta;
+};
+
+uint32_t bias_footprint(starpu_task *task) {
+    const auto &a = args_of<BiasArgs>(task);
+    return hash_ints({a.m, a.n, a.beta == 0.f});
+}
+
+void bias_add_cpu_func(void *buffers[], void *cl_arg) {
+    auto *a = static_cast<BiasArgs *>(cl_arg);
+    kernels::bias_add_cpu(a->m, a->n, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]),
+                          (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
+}
+
+void bias_grad_cpu_func(void *buffers[], void *cl_arg) {
+    auto *a = static_cast<BiasArgs *>(cl_arg);
+    kernels::bias_grad_cpu(a->m, a->n, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), a->beta,
+                           (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
+}
+
+#ifdef NNTILE_USE_CUDA
+void bias_add_cuda_func(void *buffers[], void *cl_arg) {
+    auto *a = static_cast<BiasArgs *>(cl_arg);
+    kernels::bias_add_cuda(starpu_cuda_get_local_stream(), a->m, a->n,
+                           (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
+}
+void bias_grad_cuda_func(void *buffers[], void *cl_arg) {
+    auto *a = static_cast<BiasArgs *>(cl_arg);
+    kernels::bias_grad_cuda(starpu_cuda_get_local_stream(), a->m, a->n,
+                            (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), a->beta,
+                            (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
+}
+#else
+constexpr starpu_cuda_func_t bias_add_cuda_func = nullptr;
+constexpr starpu_cuda_func_t bias_grad_cuda_func = nullptr;
+#endif
+
+starpu_codelet *cl_bias_add() {
+    static starpu_perfmodel model;
+    static starpu_codelet cl;
+    static bool ready = [] {
+        init_perfmodel(model, "nntile_bias_add", bias_footprint);
+        init_codelet(cl, "bias_add", bias_add_cpu_func, bias_add_cuda_func, &model);
+        return true;
+    }();
+    (void)ready;
+    return &cl;
+}
+
+starpu_codelet *cl_bias_grad() {
+    static starpu_perfmodel model;
+    static starpu_codelet cl;
+    static bool ready = [] {
+        init_perfmodel(model, "nntile_bias_grad", bias_footprint);
+        init_codelet(cl, "bias_grad", bias_grad_cpu_func, bias_grad_cuda_func, &model);
+        return true;
+    }();
+    (void)ready;
+    return &cl;
+}
+
+BiasArgs *make_args(int64_t m, int64_t n, float beta) {
+    auto *args = static_cast<BiasArgs *>(std::malloc(sizeof(BiasArgs)));
+    *args = BiasArgs{m, n, beta};
+    return args;
+}
+
+}  // namespace
+
+void submit_bias_add(int64_t m, int64_t n, starpu_data_handle_t b, starpu_data_handle_t y) {
+    NNTILE_STARPU_CHECK(starpu_task_insert(cl_bias_add(), STARPU_R, b, STARPU_RW, y, STARPU_CL_ARGS,
+                                           make_args(m, n, 1.f), sizeof(BiasArgs), STARPU_FLOPS, (double)(m * n),
+                                           STARPU_NAME, "bias_add", 0),
+                        "submitting bias_add m=" << m << " n=" << n);
+    count_task();
+}
+
+void submit_bias_grad(int64_t m, int64_t n, starpu_data_handle_t dy, float beta, starpu_data_handle_t db) {
+    NNTILE_STARPU_CHECK(starpu_task_insert(cl_bias_grad(), STARPU_R, dy, beta == 0.f ? STARPU_W : STARPU_RW, db,
+                                           STARPU_CL_ARGS, make_args(m, n, beta), sizeof(BiasArgs), STARPU_FLOPS,
+                                           (double)(m * n), STARPU_NAME, "bias_grad", 0),
+                        "submitting bias_grad m=" << m << " n=" << n);
+    count_task();
+}
+
+}  // namespace nntile::codelets

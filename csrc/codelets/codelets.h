@@ -1,0 +1,20 @@
+// StarPU codelets: each submit_<op>() inserts one task over tile handles and throws on any StarPU error.
+#pragma once
+#include <starpu.h>
+
+#include "../common.h"
+#include "../kernels/gemm.h"
+
+namespace nntile::codelets {
+
+// C = alpha op(A) op(B) + beta C over one tile triple; C is written without being read when beta == 0.
+void submit_gemm(const kernels::GemmShape &s, Precision precision, DType ta, starpu_data_handle_t a, DType tb,
+                 starpu_data_handle_t b, DType tc, starpu_data_handle_t c, int priority = 0);
+// y (m, n) += b (n) broadcast over rows.
+void submit_bias_add(int64_t m, int64_t n, starpu_data_handle_t b, starpu_data_handle_t y);
+// db = beta * db + column sums of dy (m, n).
+void submit_bias_grad(int64_t m, int64_t n, starpu_data_handle_t dy, float beta, starpu_data_handle_t db);
+// y = alpha x + beta y over n values (y only written when beta == 0).
+void submit_add(int64_t n, float alpha, starpu_data_handle_t x, float beta, starpu_data_handle_t y);
+
+}  // namespace nntile::codelets

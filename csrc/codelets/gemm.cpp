@@ -1,0 +1,70 @@
+// Codelet for the tile GEMM: CPU (ATen BLAS) and CUDA (cuBLAS on StarPU's worker stream and handle).
+#include <cstdlib>
+
+#include "codelet_util.h"
+#include "codelets.h"
+#ifdef NNTILE_USE_CUDA
+#include <starpu_cublas_v2.h>
+#endif
+
+namespace nntile::codelets {
+
+namespace {
+
+struct GemmArgs {
+    kernels::GemmShape shape;
+    Precision precision;
+    DType ta, tb, tc;
+};
+
+void gemm_cpu_func(void *buffers[], void *cl_arg) {
+    auto *a = static_cast<GemmArgs *>(cl_arg);
+    kernels::gemm_cpu(a->shape, a->ta, (void *)STARPU_VECTOR_GET_PTR(buffers[0]), a->tb,
+                      (void *)STARPU_VECTOR_GET_PTR(buffers[1]), a->tc, (void *)STARPU_VECTOR_GET_PTR(buffers[2]),
+                      a->precision);
+}
+
+#ifdef NNTILE_USE_CUDA
+void gemm_cuda_func(void *buffers[], void *cl_arg) {
+    auto *a = static_cast<GemmArgs *>(cl_arg);
+    kernels::gemm_cuda(starpu_cublas_get_local_handle(), a->shape, a->ta, (void *)STARPU_VECTOR_GET_PTR(buffers[0]),
+                       a->tb, (void *)STARPU_VECTOR_GET_PTR(buffers[1]), a->tc,
+                       (void *)STARPU_VECTOR_GET_PTR(buffers[2]), a->precision);
+}
+#else
+constexpr starpu_cuda_func_t gemm_cuda_func = nullptr;
+#endif
+
+uint32_t gemm_footprint(starpu_task *task) {
+    const auto &a = args_of<GemmArgs>(task);
+    return hash_ints({a.shape.m, a.shape.n, a.shape.k, a.shape.trans_a, a.shape.trans_b, (int64_t)a.precision,
+                      (int64_t)a.ta, (int64_t)a.tb, (int64_t)a.tc, a.shape.beta == 0.f});
+}
+
+starpu_codelet *cl_gemm() {
+    static starpu_perfmodel model;
+    static starpu_codelet cl;
+    static bool ready = [] {
+        init_perfmodel(model, "nntile_gemm", gemm_footprint);
+        init_codelet(cl, "gemm", gemm_cpu_func, gemm_cuda_func, &model);
+        return true;
+    }();
+    (void)ready;
+    return &cl;
+}
+
+}  // namespace
+
+void submit_gemm(const kernels::GemmShape &s, Precision precision, DType ta, starpu_data_handle_t a, DType tb,
+                 starpu_data_handle_t b, DType tc, starpu_data_handle_t c, int priority) {
+    auto *args = static_cast<GemmArgs *>(std::malloc(sizeof(GemmArgs)));
+    *args = GemmArgs{s, precision, ta, tb, tc};
+    double flops = 2.0 * s.m * s.n * s.k;
+    NNTILE_STARPU_CHECK(starpu_task_insert(cl_gemm(), STARPU_R, a, STARPU_R, b, s.beta == 0.f ? STARPU_W : STARPU_RW,
+                                           c, STARPU_CL_ARGS, args, sizeof(GemmArgs), STARPU_FLOPS, flops,
+                                           STARPU_PRIORITY, priority, STARPU_NAME, "gemm", 0),
+                        "submitting gemm m=" << s.m << " n=" << s.n << " k=" << s.k);
+    count_task();
+}
+
+}  // namespace nntile::codelets

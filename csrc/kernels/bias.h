@@ -1,0 +1,17 @@
+// Bias kernels on a row-major (m, n) fp32 tile: y[r, :] += b, and db = beta * db + sum_r dy[r, :].
+#pragma once
+#include <cstdint>
+#ifdef NNTILE_USE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace nntile::kernels {
+
+void bias_add_cpu(int64_t m, int64_t n, const float *b, float *y);
+void bias_grad_cpu(int64_t m, int64_t n, const float *dy, float beta, float *db);
+#ifdef NNTILE_USE_CUDA
+void bias_add_cuda(cudaStream_t stream, int64_t m, int64_t n, const float *b, float *y);
+void bias_grad_cuda(cudaStream_t stream, int64_t m, int64_t n, const float *dy, float beta, float *db);
+#endif
+
+}  // namespace nntile::kernels

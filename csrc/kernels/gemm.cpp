@@ -1,0 +1,29 @@
+// CPU tile GEMM through ATen's BLAS (MKL or OpenBLAS), on the calling worker's thread only.
+#include "gemm.h"
+
+#include <ATen/ATen.h>
+
+namespace nntile::kernels {
+
+static at::ScalarType scalar_type(DType t) { return t == DType::f32 ? at::kFloat : at::kBFloat16; }
+
+void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void *b, DType tc, void *c,
+              Precision precision) {
+    auto opts = [](DType t) { return at::TensorOptions().dtype(scalar_type(t)).device(at::kCPU); };
+    at::Tensor A = s.trans_a ? at::from_blob(const_cast<void *>(a), {s.k, s.m}, opts(ta)).t()
+                             : at::from_blob(const_cast<void *>(a), {s.m, s.k}, opts(ta));
+    at::Tensor B = s.trans_b ? at::from_blob(const_cast<void *>(b), {s.n, s.k}, opts(tb)).t()
+                             : at::from_blob(const_cast<void *>(b), {s.k, s.n}, opts(tb));
+    at::Tensor C = at::from_blob(c, {s.m, s.n}, opts(tc));
+    // bf16 mode: inputs rounded to bf16, products accumulated in fp32 (what tensor cores do). tf32 has no
+    // CPU counterpart; like torch on the CPU it computes in full fp32.
+    if (precision == Precision::bf16) {
+        A = A.to(at::kBFloat16);
+        B = B.to(at::kBFloat16);
+    }
+    A = A.to(C.scalar_type());
+    B = B.to(C.scalar_type());
+    C.addmm_(A, B, s.beta, s.alpha);
+}
+
+}  // namespace nntile::kernels

@@ -1,0 +1,48 @@
+// Bias and add ops over tiles.
+#include "../codelets/codelets.h"
+#include "ops.h"
+
+namespace nntile::ops {
+
+namespace {
+void require_f32(const TileTensor &t, const char *op) {
+    NNTILE_CHECK(t.dtype() == DType::f32, op << " needs float32 tiles (got " << dtype_name(t.dtype()) << ")");
+}
+void check_bias(TileTensor &b, TileTensor &y, const char *op) {
+    require_f32(b, op);
+    require_f32(y, op);
+    NNTILE_CHECK(y.ndim() == 2 && b.ndim() == 1 && b.shape()[0] == y.shape()[1] && b.tile_shape()[0] == y.tile_shape()[1],
+                 op << ": bias of " << b.shape()[0] << " in tiles of " << b.tile_shape()[0]
+                    << " does not match the columns of a " << y.ndim() << "-d tensor");
+}
+}  // namespace
+
+void bias_add(TileTensor &b, TileTensor &y) {
+    check_bias(b, y, "bias_add");
+    for (int64_t i = 0; i < y.grid()[0]; ++i)
+        for (int64_t j = 0; j < y.grid()[1]; ++j)
+            codelets::submit_bias_add(y.tile_extent(0, i), y.tile_extent(1, j), b.handle(j), y.handle2(i, j));
+    y.bump_version();
+}
+
+void bias_grad(TileTensor &dy, TileTensor &db, float beta) {
+    check_bias(db, dy, "bias_grad");
+    for (int64_t j = 0; j < dy.grid()[1]; ++j)
+        for (int64_t i = 0; i < dy.grid()[0]; ++i)
+            codelets::submit_bias_grad(dy.tile_extent(0, i), dy.tile_extent(1, j), dy.handle2(i, j),
+                                       i == 0 ? beta : 1.f, db.handle(j));
+    db.bump_version();
+}
+
+void add(float alpha, TileTensor &x, float beta, TileTensor &y) {
+    require_f32(x, "add");
+    NNTILE_CHECK(x.same_tiling(y), "add: tensors must have the same shape and tiles");
+    for (int64_t t = 0; t < y.ntiles(); ++t) {
+        int64_t n = 1;
+        for (auto e : y.tile_extents(t)) n *= e;
+        codelets::submit_add(n, alpha, x.handle(t), beta, y.handle(t));
+    }
+    y.bump_version();
+}
+
+}  // namespace nntile::ops

@@ -1,0 +1,18 @@
+// Tensor-level ops: loops over tiles that submit one task per tile (pair, triple). Nothing here waits.
+#pragma once
+#include "../tiles/tile_tensor.h"
+
+namespace nntile::ops {
+
+// C = alpha op(A) op(B) + beta C on 2-d tile tensors; op(A)'s column tiling must match op(B)'s row tiling
+// and C's tiling must be op(A)'s rows by op(B)'s columns.
+void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &c, float alpha, float beta,
+          Precision precision);
+// y (M, N) += b (N), broadcast over rows; b's tiles match y's column tiles.
+void bias_add(TileTensor &b, TileTensor &y);
+// db = beta * db + sum over rows of dy (M, N).
+void bias_grad(TileTensor &dy, TileTensor &db, float beta);
+// y = alpha x + beta y, tile by tile (same tiling).
+void add(float alpha, TileTensor &x, float beta, TileTensor &y);
+
+}  // namespace nntile::ops

@@ -1,0 +1,114 @@
+// StarPU start-up and shutdown with the project's defaults, memory limits and optional disk node.
+#include "runtime.h"
+
+#include <omp.h>
+// StarPU 1.3's starpu_disk.h lacks its own extern "C" guard (starpu.h includes it outside its own), so it must
+// be seen first, inside one.
+extern "C" {
+#include <starpu_config.h>
+#include <starpu_util.h>
+#include <starpu_disk.h>
+}
+#include <starpu.h>
+#ifdef NNTILE_USE_CUDA
+#include <starpu_cublas_v2.h>
+#endif
+
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#include "common.h"
+
+namespace nntile {
+
+namespace {
+bool running = false;
+RuntimeConfig config;
+int disk_node_id = -1;
+std::atomic<int64_t> n_tasks{0}, n_waits{0};
+std::vector<std::function<void(bool)>> &hooks() {
+    static std::vector<std::function<void(bool)>> h;
+    return h;
+}
+
+std::vector<std::string> env_set;  // variables this module set, removed again at shutdown
+
+void set_env_mib(const char *name, int64_t bytes) {
+    if (bytes < 0) return;
+    env_set.push_back(name);
+    int64_t mib = bytes >> 20;
+    NNTILE_CHECK(mib >= 1, name << " must be at least 1 MiB (got " << bytes << " bytes)");
+    setenv(name, std::to_string(mib).c_str(), 1);
+}
+
+// StarPU's CPU workers each run one task at a time; BLAS inside a task must not start its own thread team
+// on top of them.
+void single_threaded_blas(void *) { omp_set_num_threads(1); }
+}  // namespace
+
+void runtime_init(const RuntimeConfig &cfg) {
+    NNTILE_CHECK(!running, "StarPU runtime is already running");
+    setenv("STARPU_SILENT", "1", 0);
+    set_env_mib("STARPU_LIMIT_CUDA_MEM", cfg.cuda_memory_limit);
+    set_env_mib("STARPU_LIMIT_CPU_MEM", cfg.host_memory_limit);
+    starpu_conf conf;
+    NNTILE_STARPU_CHECK(starpu_conf_init(&conf), "starpu_conf_init");
+    conf.ncpus = cfg.ncpus;
+    conf.ncuda = cfg.ncuda;
+    conf.nopencl = 0;
+    config = cfg;
+    if (!cfg.scheduler.empty()) conf.sched_policy_name = config.scheduler.c_str();
+    int rc = starpu_init(&conf);
+    NNTILE_CHECK(rc == 0, "starpu_init failed (returned " << rc
+                                                       << (rc == -19 ? ": no worker available, check ncpus/ncuda" : "")
+                                                       << ")");
+    running = true;
+    starpu_execute_on_each_worker(single_threaded_blas, nullptr, STARPU_CPU);
+#ifdef NNTILE_USE_CUDA
+    if (starpu_cuda_worker_get_count() > 0) starpu_cublas_init();
+#endif
+    if (!cfg.disk_path.empty()) {
+        disk_node_id = starpu_disk_register(&starpu_disk_unistd_ops, (void *)config.disk_path.c_str(),
+                                            (starpu_ssize_t)cfg.disk_limit);
+        if (disk_node_id < 0) {
+            runtime_shutdown(false);
+            NNTILE_CHECK(false, "could not register disk node at '" << cfg.disk_path << "' with limit "
+                                                                    << cfg.disk_limit << " bytes (returned "
+                                                                    << disk_node_id << ")");
+        }
+    }
+}
+
+void runtime_shutdown(bool keep_data) {
+    if (!running) return;
+    for (auto &h : hooks()) h(keep_data);
+    starpu_task_wait_for_all();
+#ifdef NNTILE_USE_CUDA
+    if (starpu_cuda_worker_get_count() > 0) starpu_cublas_shutdown();
+#endif
+    starpu_shutdown();
+    running = false;
+    disk_node_id = -1;
+    for (auto &name : env_set) unsetenv(name.c_str());
+    env_set.clear();
+}
+
+bool runtime_running() { return running; }
+const RuntimeConfig &runtime_config() { return config; }
+int disk_node() { return disk_node_id; }
+void add_shutdown_hook(std::function<void(bool)> hook) { hooks().push_back(std::move(hook)); }
+
+void count_task() { n_tasks.fetch_add(1, std::memory_order_relaxed); }
+void count_wait() { n_waits.fetch_add(1, std::memory_order_relaxed); }
+int64_t tasks_submitted() { return n_tasks.load(); }
+int64_t blocking_waits() { return n_waits.load(); }
+
+void wait_all() {
+    NNTILE_CHECK(running, "StarPU runtime is not running");
+    count_wait();
+    NNTILE_STARPU_CHECK(starpu_task_wait_for_all(), "starpu_task_wait_for_all");
+}
+
+}  // namespace nntile

@@ -1,0 +1,36 @@
+// StarPU runtime lifetime (init/shutdown) and the counters that prove the task stream stays asynchronous.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+namespace nntile {
+
+// Negative numbers mean "StarPU's default"; limits are bytes.
+struct RuntimeConfig {
+    int ncpus = -1;
+    int ncuda = -1;
+    int64_t cuda_memory_limit = -1;
+    int64_t host_memory_limit = -1;
+    std::string disk_path;
+    int64_t disk_limit = -1;
+    std::string scheduler;
+};
+
+void runtime_init(const RuntimeConfig &cfg);
+// keep_data: tile tensors still alive keep a dense copy and get their tiles back after the next init.
+void runtime_shutdown(bool keep_data = true);
+bool runtime_running();
+const RuntimeConfig &runtime_config();
+int disk_node();  // -1 without a disk node
+
+// Called first thing in runtime_shutdown(), while StarPU still runs (tile tensors save and drop handles).
+void add_shutdown_hook(std::function<void(bool keep_data)> hook);
+
+void count_task();
+void count_wait();
+int64_t tasks_submitted();
+int64_t blocking_waits();
+void wait_all();  // waits for every submitted task (counted as a blocking wait)
+
+}  // namespace nntile

@@ -1,0 +1,74 @@
+// The tiled tensor: a logical N-d shape cut into a grid of tiles, one StarPU handle per tile.
+#pragma once
+#include <starpu.h>
+#include <torch/extension.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../common.h"
+
+namespace nntile {
+
+// Tile (i0, i1, ...) covers [i_d * tile_shape[d], min((i_d + 1) * tile_shape[d], shape[d])) in every dimension,
+// so edge tiles may be partial. Each tile is a contiguous row-major array of its own extent, registered as a
+// StarPU vector with home node -1: StarPU allocates it where it is first needed and may move or evict it.
+// Handles are unregistered (asynchronously, after the tasks using them) when the tensor dies.
+class TileTensor {
+  public:
+    TileTensor(std::vector<int64_t> shape, std::vector<int64_t> tile_shape, DType dtype, std::string name = "");
+    ~TileTensor();
+    TileTensor(const TileTensor &) = delete;
+    TileTensor &operator=(const TileTensor &) = delete;
+
+    const std::vector<int64_t> &shape() const { return shape_; }
+    const std::vector<int64_t> &tile_shape() const { return tile_shape_; }
+    const std::vector<int64_t> &grid() const { return grid_; }
+    DType dtype() const { return dtype_; }
+    int64_t ndim() const { return (int64_t)shape_.size(); }
+    int64_t ntiles() const;
+    int64_t numel() const;
+    const std::string &name() const { return name_; }
+
+    // Extent of one tile along dim d (partial at the edge).
+    int64_t tile_extent(int64_t d, int64_t index) const;
+    std::vector<int64_t> tile_extents(int64_t linear) const;
+    std::vector<int64_t> tile_index(int64_t linear) const;
+    starpu_data_handle_t handle(int64_t linear);
+    starpu_data_handle_t handle2(int64_t i, int64_t j) { return handle(i * grid_[1] + j); }
+
+    // Same logical shape, tile shape and dtype: tiles match one to one.
+    bool same_tiling(const TileTensor &other) const;
+
+    // Bumped by every operation that writes the tensor, so Python can cache a materialized copy.
+    int64_t version() const { return version_; }
+    void bump_version() { ++version_; }
+
+    // Copies a dense tensor (any device, any float dtype) into the tiles. Waits only for tasks still using
+    // the tiles. Dense -> tiles.
+    void from_dense(const torch::Tensor &src);
+    // Waits for the tasks writing the tiles (a blocking wait) and gathers them into a dense CPU tensor.
+    torch::Tensor to_dense();
+
+    // Hints that no task will read this tensor again soon (StarPU may evict it first).
+    void wont_use();
+    // Marks the contents dead: StarPU drops every copy without writing back.
+    void invalidate();
+
+    // Runtime shutdown: keep a dense copy (when asked) and drop the handles; they come back on next use.
+    void release_handles(bool keep_data);
+
+  private:
+    void ensure_handles();
+    std::vector<int64_t> shape_, tile_shape_, grid_;
+    DType dtype_;
+    std::string name_;
+    std::vector<starpu_data_handle_t> handles_;
+    torch::Tensor saved_;  // dense copy held across a runtime restart
+    int64_t version_ = 0;
+};
+
+using TileTensorPtr = std::shared_ptr<TileTensor>;
+
+}  // namespace nntile

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Builds StarPU 1.3.10 from Debian's source package into a fixed prefix outside the repo (with CUDA when
+# nvcc exists). Idempotent: a second run only checks the prefix and returns in seconds.
+#   STARPU_PREFIX   where to install (default /opt/nntile_torch/starpu-1.3.10)
+#   STARPU_SRC      an already unpacked source tree to build instead of fetching one (e.g. on the GPU box)
+#   STARPU_JOBS     make -j (default: all cores)
+set -euo pipefail
+
+prefix=${STARPU_PREFIX:-/opt/nntile_torch/starpu-1.3.10}
+version=1.3.10+dfsg-2
+here=$(cd "$(dirname "$0")" && pwd)
+
+nvcc_bin=$(command -v nvcc || true)
+[ -z "$nvcc_bin" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc_bin=/usr/local/cuda/bin/nvcc
+want_cuda=no; [ -n "$nvcc_bin" ] && want_cuda=yes
+
+stamp="$prefix/.nntile_build"
+if [ -f "$stamp" ] && grep -qx "cuda=$want_cuda" "$stamp" && [ -f "$prefix/lib/pkgconfig/starpu-1.3.pc" ]; then
+  echo "StarPU already installed in $prefix (cuda=$want_cuda)"
+  exit 0
+fi
+
+sudo=""; [ "$(id -u)" != 0 ] && sudo=sudo
+if [ -z "${STARPU_SRC:-}" ]; then
+  if command -v apt-get >/dev/null; then
+    # Source lines for bookworm: 1.3.10 is the release this project is built and tested on (Debian 12 and 13).
+    if ! apt-cache showsrc starpu 2>/dev/null | grep -qx "Version: $version"; then
+      $sudo tee /etc/apt/sources.list.d/nntile-starpu-src.sources >/dev/null <<'SRC'
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: bookworm
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+      $sudo apt-get update -qq
+    fi
+    $sudo apt-get install -y -qq --no-install-recommends dpkg-dev build-essential pkg-config libhwloc-dev >/dev/null
+  fi
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  (cd "$work" && apt-get source -qq "starpu=$version" >/dev/null 2>&1) || {
+    echo "error: could not fetch Debian's source package starpu=$version (deb-src for bookworm needed)" >&2; exit 1; }
+  src=$(ls -d "$work"/starpu-1.3.10*/ | head -1)
+else
+  src=$STARPU_SRC
+fi
+
+if [ "$want_cuda" = yes ]; then
+  python3 "$here/patch_starpu_cuda13.py" "$src"
+  cuda_dir=$(dirname "$(dirname "$(readlink -f "$nvcc_bin")")")
+  cuda_flags=(--enable-cuda --enable-maxcudadev=8 --with-cuda-dir="$cuda_dir")
+  # A CUDA toolkit without cuBLAS (nvcc alone): take cuBLAS from the nvidia-cublas wheel that torch brings.
+  # libstarpu records the soname libcublas.so.13, which torch's own wheel provides at run time.
+  if ! ls "$cuda_dir"/lib64/libcublas.so* >/dev/null 2>&1; then
+    nv=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13"))' 2>/dev/null || true)
+    [ -f "$nv/include/cublas_v2.h" ] || { echo "error: cuBLAS not found in $cuda_dir nor in a pip nvidia-cublas wheel (pip install torch first)" >&2; exit 1; }
+    shim=$(mktemp -d); ln -s "$nv"/lib/libcublas.so.* "$shim/"; ln -s "$nv"/lib/libcublasLt.so.* "$shim/"
+    ln -s "$(ls "$nv"/lib/libcublas.so.* | head -1)" "$shim/libcublas.so"
+    export CPPFLAGS="${CPPFLAGS:-} -I$nv/include" LDFLAGS="${LDFLAGS:-} -L$shim -Wl,-rpath-link,$shim"
+    export NVCCFLAGS="${NVCCFLAGS:-} -I$nv/include"
+  fi
+else
+  cuda_flags=(--disable-cuda)
+fi
+
+cd "$src"
+./configure --prefix="$prefix" "${cuda_flags[@]}" \
+  --disable-opencl --disable-fortran --disable-build-examples --disable-build-tests --disable-build-doc \
+  --disable-socl --disable-starpufft --disable-mpi --disable-glpk --disable-starpurm --disable-static \
+  --disable-hdf5 --disable-leveldb ${STARPU_CONFIGURE_EXTRA:-} >configure.log 2>&1 || { tail -40 configure.log; exit 1; }
+make -j"${STARPU_JOBS:-$(nproc)}" >make.log 2>&1 || { grep -B2 -A8 -m5 'error' make.log; exit 1; }
+$sudo mkdir -p "$prefix"
+$sudo make install >install.log 2>&1 || { tail -20 install.log; exit 1; }
+echo "cuda=$want_cuda" | $sudo tee "$stamp" >/dev/null
+echo "StarPU installed in $prefix (cuda=$want_cuda)"

@@ -1,0 +1,103 @@
+"""Builds nntile_torch._C with torch's cpp_extension: CUDA sources when torch has CUDA and nvcc exists, a CPU-only
+build otherwise. StarPU comes from pkg-config (starpu-1.3); scripts/install_starpu.sh installs it."""
+import glob
+import os
+import shutil
+import subprocess
+
+from setuptools import find_packages, setup
+
+# torch guesses CUDA_HOME from the nvcc on PATH; a toolkit under /usr/local/cuda with nvcc linked elsewhere
+# would then be missed (and -lcudart with it).
+if "CUDA_HOME" not in os.environ and os.path.exists("/usr/local/cuda/bin/nvcc"):
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"
+from torch.utils import cpp_extension  # noqa: E402
+
+DEFAULT_STARPU_PREFIX = "/opt/nntile_torch/starpu-1.3.10"
+
+
+def pkg_config(*args):
+    env = dict(os.environ)
+    default_pc = os.path.join(os.environ.get("STARPU_PREFIX", DEFAULT_STARPU_PREFIX), "lib", "pkgconfig")
+    env["PKG_CONFIG_PATH"] = ":".join(p for p in (env.get("PKG_CONFIG_PATH", ""), default_pc) if p)
+    try:
+        return subprocess.check_output(["pkg-config", *args, "starpu-1.3"], env=env, text=True).split()
+    except (OSError, subprocess.CalledProcessError):
+        raise SystemExit(
+            "nntile_torch: StarPU 1.3 not found by pkg-config. Run scripts/install_starpu.sh, or add the directory "
+            "holding starpu-1.3.pc to PKG_CONFIG_PATH (searched: %s)" % env["PKG_CONFIG_PATH"])
+
+
+def want_cuda():
+    import torch
+    if os.environ.get("NNTILE_FORCE_CPU") == "1":
+        return False
+    return torch.version.cuda is not None and (shutil.which("nvcc") or os.path.exists(
+        os.path.join(cpp_extension.CUDA_HOME or "", "bin", "nvcc")))
+
+
+def nvidia_wheel_dirs():
+    """cuBLAS headers/libraries from torch's nvidia-* wheels, for CUDA toolkits that ship nvcc alone."""
+    try:
+        import nvidia
+    except ImportError:
+        return [], []
+    inc, lib = [], []
+    for root in nvidia.__path__:
+        for sub in ("cu13", "cublas"):
+            if os.path.exists(os.path.join(root, sub, "include", "cublas_v2.h")):
+                inc.append(os.path.join(root, sub, "include"))
+                lib.append(os.path.join(root, sub, "lib"))
+    return inc, lib
+
+
+here = os.path.dirname(os.path.abspath(__file__))
+cuda = want_cuda()
+sources = sorted(glob.glob("csrc/**/*.cpp", recursive=True))
+if cuda:
+    sources += sorted(glob.glob("csrc/**/*.cu", recursive=True))
+
+starpu_inc = [f[2:] for f in pkg_config("--cflags-only-I")]
+starpu_libdirs = [f[2:] for f in pkg_config("--libs-only-L")]
+starpu_libs = [f[2:] for f in pkg_config("--libs-only-l")]
+
+include_dirs = starpu_inc
+library_dirs = list(starpu_libdirs)
+libraries = list(starpu_libs)
+cxx_flags = ["-O3", "-std=c++20", "-fopenmp"]
+link_args = ["-fopenmp"] + ["-Wl,-rpath," + d for d in starpu_libdirs]
+define_macros = []
+extra = {"cxx": cxx_flags}
+if cuda:
+    define_macros.append(("NNTILE_USE_CUDA", None))
+    inc, lib = nvidia_wheel_dirs()
+    have_toolkit_cublas = glob.glob(os.path.join(cpp_extension.CUDA_HOME or "", "lib64", "libcublas.so*"))
+    if not have_toolkit_cublas and lib:
+        include_dirs += inc
+        # Link against the wheel's versioned library; at run time torch has already loaded it.
+        shim = os.path.join(here, "build", "cublas_shim")
+        os.makedirs(shim, exist_ok=True)
+        target = sorted(glob.glob(os.path.join(lib[0], "libcublas.so.*")))[0]
+        link = os.path.join(shim, "libcublas.so")
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(target, link)
+        library_dirs.append(shim)
+    libraries.append("cublas")
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    extra["nvcc"] = ["-O3", "-std=c++20"] + ["-I" + d for d in inc]
+    Ext = cpp_extension.CUDAExtension
+else:
+    Ext = cpp_extension.CppExtension
+
+setup(
+    name="nntile_torch",
+    version="0.1.0",
+    description="Task-based tiled training for PyTorch on StarPU",
+    packages=find_packages(include=["nntile_torch", "nntile_torch.*"]),
+    ext_modules=[Ext("nntile_torch._C", sources, include_dirs=include_dirs, library_dirs=library_dirs,
+                     libraries=libraries, define_macros=define_macros, extra_compile_args=extra,
+                     extra_link_args=link_args)],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.10",
+)
