@@ -18,7 +18,13 @@ DEFAULT_STARPU_PREFIX = "/opt/nntile_torch/starpu-1.3.10"
 
 def pkg_config(*args):
     env = dict(os.environ)
-    default_pc = os.path.join(os.environ.get("STARPU_PREFIX", DEFAULT_STARPU_PREFIX), "lib", "pkgconfig")
+    prefix = os.environ.get("STARPU_PREFIX", DEFAULT_STARPU_PREFIX)
+    default_pc = os.path.join(prefix, "lib", "pkgconfig")
+    if shutil.which("pkg-config") is None and os.path.exists(os.path.join(default_pc, "starpu-1.3.pc")):
+        # No pkg-config on this machine (the GPU box has none): the prefix's layout is known.
+        return {"--cflags-only-I": ["-I" + os.path.join(prefix, "include", "starpu", "1.3")],
+                "--libs-only-L": ["-L" + os.path.join(prefix, "lib")],
+                "--libs-only-l": ["-lstarpu-1.3"]}[args[0]]
     env["PKG_CONFIG_PATH"] = ":".join(p for p in (env.get("PKG_CONFIG_PATH", ""), default_pc) if p)
     try:
         return subprocess.check_output(["pkg-config", *args, "starpu-1.3"], env=env, text=True).split()

@@ -1,1 +1,8 @@
+"""nntile_torch: PyTorch models trained as StarPU tasks over tiles, on CPUs and GPUs, beyond GPU memory."""
+from . import _C
+from .runtime import info, init, is_running, shutdown, stats, synchronize
+from .tensor import TileTensor
+from . import nn  # noqa: E402  (needs the runtime and TileTensor)
 
+__version__ = "0.1.0"
+__all__ = ["init", "shutdown", "info", "stats", "synchronize", "is_running", "TileTensor", "nn"]

@@ -1,0 +1,79 @@
+"""nntile_torch.nn.Linear: a drop-in for torch.nn.Linear whose parameters are tiles and whose forward and
+backward are tile tasks."""
+import math
+
+import torch
+from torch import nn
+
+from .. import config
+from ..functional import LinearFunction
+from ..runtime import ensure_init
+from ..tensor import TileTensor
+
+
+class Linear(nn.Module):
+    """y = x @ weight.T + bias, like torch.nn.Linear.
+
+    Args as torch.nn.Linear (in_features, out_features, bias, device, dtype; only float32 parameters), plus
+    tile_size: edge of weight tiles in elements (default config.DEFAULT_TILE_SIZE),
+    batch_tile_size: rows of x (all leading dims flattened) per activation tile,
+    precision: "fp32" (exact), "tf32", or "bf16" (bf16 inputs, fp32 accumulation); weights stay fp32.
+    Shapes: x (*, in_features) -> y (*, out_features); weight (out_features, in_features); bias (out_features,).
+    """
+
+    def __init__(self, in_features, out_features, bias=True, device=None, dtype=None, *, tile_size=None,
+                 batch_tile_size=None, precision="fp32"):
+        super().__init__()
+        for name, v in (("in_features", in_features), ("out_features", out_features)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name} must be a positive int (got {v!r})")
+        if dtype not in (None, torch.float32):
+            raise TypeError(f"nntile_torch.nn.Linear keeps float32 parameters (got dtype={dtype}); "
+                            "use precision='bf16' or 'tf32' for reduced-precision matmuls")
+        self.in_features = in_features
+        self.out_features = out_features
+        self.tile_size = config.check_tile(tile_size, "tile_size") or config.DEFAULT_TILE_SIZE
+        self.batch_tile_size = config.check_tile(batch_tile_size, "batch_tile_size") or config.DEFAULT_BATCH_TILE_SIZE
+        self.precision = config.check_precision(precision)
+        t = self.tile_size
+        self.weight = nn.Parameter(TileTensor.empty((out_features, in_features), (t, t), device, name="weight"))
+        if bias:
+            self.bias = nn.Parameter(TileTensor.empty((out_features,), (t,), device, name="bias"))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # Same draws, in the same order, as torch.nn.Linear: equal seeds give equal weights.
+        w = torch.empty(self.out_features, self.in_features)
+        nn.init.kaiming_uniform_(w, a=math.sqrt(5))
+        with torch.no_grad():
+            self.weight.copy_(w)
+            if self.bias is not None:
+                bound = 1 / math.sqrt(self.in_features)
+                self.bias.copy_(torch.empty(self.out_features).uniform_(-bound, bound))
+
+    def forward(self, x):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"Linear expects a torch.Tensor (got {type(x).__name__})")
+        if not x.is_floating_point():
+            raise TypeError(f"Linear expects a floating-point input (got dtype {x.dtype})")
+        if x.dtype != torch.float32:
+            raise TypeError(f"Linear expects float32 input like its weight (got {x.dtype}); the matmul precision is "
+                            f"set by precision= (this layer: {self.precision!r})")
+        if x.dim() == 0 or x.shape[-1] != self.in_features:
+            raise ValueError(f"Linear expects input of shape (*, {self.in_features}) (got {tuple(x.shape)})")
+        if x.numel() == 0:
+            raise ValueError(f"Linear got an empty input of shape {tuple(x.shape)}")
+        ensure_init()
+        return LinearFunction.apply(x, self.weight, self.bias, self.batch_tile_size, self.precision)
+
+    def extra_repr(self):
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"tile_size={self.tile_size}, precision={self.precision!r}")
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # Ordinary tensors under torch.nn.Linear's keys, so a state_dict loads into either module.
+        for name, p in self._parameters.items():
+            if p is not None:
+                destination[prefix + name] = p if keep_vars else p.materialize().clone()

@@ -1,0 +1,148 @@
+"""Runtime lifetime: init/shutdown of StarPU with the project's defaults, info() and stats()."""
+import atexit
+import os
+import re
+
+import torch
+
+from . import _C
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+# What the running runtime was started with (the normalized arguments of init), or None.
+_current = None
+_cuda_split = None
+
+
+def parse_bytes(value, name):
+    """Bytes from an int or a string like '8GiB', '512 MB', '1.5GiB'. None passes through."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{name} must be a number of bytes or a string like '8GiB' (got {value!r})")
+    if isinstance(value, int):
+        result = value
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(f"{name} must be a number of bytes or a string like '8GiB' "
+                             f"(units B, KB, MB, GB, TB, KiB, MiB, GiB, TiB; got {value!r})")
+        result = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if result < 2**20:
+        raise ValueError(f"{name} must be at least 1 MiB (got {value!r} = {result} bytes)")
+    return result
+
+
+def _count(value, name):
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int or None for StarPU's default (got {value!r})")
+    return value
+
+
+def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler):
+    args = dict(
+        ncpus=_count(ncpus, "ncpus"),
+        ncuda=_count(ncuda, "ncuda"),
+        cuda_memory_limit=parse_bytes(cuda_memory_limit, "cuda_memory_limit"),
+        host_memory_limit=parse_bytes(host_memory_limit, "host_memory_limit"),
+        disk_path=None if disk_path is None else os.fspath(disk_path),
+        disk_limit=parse_bytes(disk_limit, "disk_limit"),
+        scheduler=scheduler,
+    )
+    if scheduler is not None and (not isinstance(scheduler, str) or not scheduler):
+        raise ValueError(f"scheduler must be a StarPU policy name such as 'dmdas' or 'lws' (got {scheduler!r})")
+    if (args["disk_path"] is None) != (args["disk_limit"] is None):
+        raise ValueError("disk_path and disk_limit go together (got disk_path="
+                         f"{disk_path!r}, disk_limit={disk_limit!r})")
+    if args["disk_path"] is not None and not os.path.isdir(args["disk_path"]):
+        raise ValueError(f"disk_path must be an existing directory (got {disk_path!r})")
+    if args["ncpus"] == 0 and args["ncuda"] == 0:
+        raise ValueError("at least one worker is needed (got ncpus=0 and ncuda=0)")
+    if args["ncuda"] > 0 and not _C.built_with_cuda:
+        raise ValueError(f"ncuda={ncuda} asked for, but nntile_torch was built without CUDA")
+    return args
+
+
+def _cuda_usable(ncuda):
+    return _C.built_with_cuda and ncuda != 0 and torch.cuda.is_available()
+
+
+def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None, disk_path=None, disk_limit=None,
+         scheduler=None):
+    """Starts StarPU. Limits are bytes or strings like "8GiB"; None means the default.
+
+    Defaults: StarPU's worker counts (all cores, every GPU); GPU memory for StarPU is the device's total minus
+    a share kept for torch's caching allocator (10%, at least 4 GiB); no host limit; no disk node; scheduler
+    "dmdas" with GPUs (data-aware, priorities), "lws" on CPUs alone. Calling init again with the same arguments
+    does nothing; with other arguments while running raises RuntimeError (call shutdown() first).
+    """
+    global _current, _cuda_split
+    args = _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler)
+    if _current is not None and _C.running():
+        if args != _current:
+            diff = {k: (_current[k], v) for k, v in args.items() if _current[k] != v}
+            raise RuntimeError("nntile_torch is already running with other settings "
+                               f"(running vs asked: {diff}); call nntile_torch.shutdown() first")
+        return
+    requested = dict(args)
+    cuda = _cuda_usable(args["ncuda"])
+    cuda_limit = args["cuda_memory_limit"]
+    _cuda_split = None
+    if cuda:
+        total = torch.cuda.get_device_properties(0).total_memory
+        if cuda_limit is None:
+            cuda_limit = total - max(total // 10, 4 * 2**30)
+        _cuda_split = {"device_total_bytes": total, "starpu_limit_bytes": cuda_limit,
+                       "left_for_torch_bytes": total - cuda_limit}
+    sched = args["scheduler"] or ("dmdas" if cuda else "lws")
+    _C.init(args["ncpus"], args["ncuda"], cuda_limit if cuda_limit is not None else -1,
+            args["host_memory_limit"] or -1, args["disk_path"] or "", args["disk_limit"] or -1, sched)
+    _current = requested
+
+
+def ensure_init():
+    """Starts the runtime with defaults if nobody did."""
+    if not _C.running():
+        init()
+
+
+def shutdown():
+    """Waits for every task and stops StarPU. Tile tensors still alive keep their values (as a dense copy) and
+    get tiles again after the next init."""
+    global _current
+    _C.shutdown(True)
+    _current = None
+
+
+def is_running():
+    return _C.running()
+
+
+def info():
+    """StarPU version, workers per kind, memory nodes with their sizes, scheduler, and how GPU memory was split
+    between StarPU and torch."""
+    ensure_init()
+    d = _C.info()
+    d["cuda_memory_split"] = _cuda_split
+    d["settings"] = dict(_current) if _current else None
+    return d
+
+
+def stats():
+    """Counters since the process started: tasks submitted and blocking waits (host waits for task results)."""
+    return {"tasks_submitted": _C.tasks_submitted(), "blocking_waits": _C.blocking_waits(), "running": _C.running()}
+
+
+def synchronize():
+    """Waits for every submitted task (counted as a blocking wait)."""
+    if _C.running():
+        _C.wait_all()
+
+
+@atexit.register
+def _exit():
+    if _C.running():
+        _C.shutdown(False)

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (through the device tool): installs the StarPU prefix carried in .carry/starpu, builds
+# the extension against the machine's torch, then runs what is asked: tests, gemm (benchmark). Logs go to $OUT.
+#   bash scripts/h200.sh tests gemm
+# Prepare the carry here first: bash scripts/prepare_carry.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/nntile_out}
+mkdir -p "$OUT"
+prefix=/opt/nntile_torch/starpu-1.3.10
+if [ -d .carry/starpu ] && [ ! -f "$prefix/.nntile_build" ]; then
+  mkdir -p "$(dirname "$prefix")" && cp -a .carry/starpu "$prefix"
+fi
+export LD_LIBRARY_PATH=$prefix/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export STARPU_HOME=$PWD/.starpu_home PYTHONUNBUFFERED=1
+mkdir -p "$STARPU_HOME"
+[ -d .carry/starpu_home ] && cp -a .carry/starpu_home/. "$STARPU_HOME/"
+t0=$(date +%s)
+if ! MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1; then
+  grep -m20 -B2 -A6 error "$OUT/build.log"; exit 1
+fi
+echo "build: $(( $(date +%s) - t0 )) s"
+status=0
+for step in "$@"; do
+  t0=$(date +%s)
+  case $step in
+    tests) python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/tests.log" | tail -25; rc=${PIPESTATUS[0]} ;;
+    gemm) python3 -m benchmarks.gemm --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | tail -30; rc=${PIPESTATUS[0]} ;;
+    *) echo "unknown step $step"; rc=2 ;;
+  esac
+  echo "step $step: rc=$rc, $(( $(date +%s) - t0 )) s"
+  [ "$rc" = 0 ] || status=1
+done
+# Calibrated perf models and bus figures come back, to be carried next time.
+tar czf "$OUT/starpu_home.tgz" -C "$STARPU_HOME" . 2>/dev/null
+exit $status

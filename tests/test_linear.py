@@ -1,0 +1,153 @@
+"""nntile_torch.nn.Linear against torch.nn.Linear: forward, every gradient, precisions, state_dict, bad input."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import nntile_torch as nt
+from conftest import assert_close_as_torch, max_err
+
+# (in_features, out_features, leading batch shape, tile_size, batch_tile_size): none divisible by the tiles.
+SHAPES = [
+    pytest.param(37, 53, (3, 11), 16, 8, id="37->53,batch=3x11,tile=16"),
+    pytest.param(64, 17, (5,), 16, 4, id="64->17,batch=5,tile=16"),
+    pytest.param(7, 9, (2, 3, 5), 1024, 1024, id="7->9,batch=2x3x5,one-tile"),
+]
+
+
+def make_pair(n_in, n_out, bias, tile, btile, device, precision="fp32"):
+    torch.manual_seed(1234)
+    ref = torch.nn.Linear(n_in, n_out, bias=bias, device=device)
+    ours = nt.nn.Linear(n_in, n_out, bias=bias, device=device, tile_size=tile, batch_tile_size=btile,
+                        precision=precision)
+    ours.load_state_dict(ref.state_dict())
+    return ours, ref
+
+
+def run(module, x, gy):
+    x = x.detach().clone().requires_grad_(True)
+    y = module(x)
+    params = [p for p in module.parameters()]
+    grads = torch.autograd.grad(y, [x] + params, gy)
+    return y, grads
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("n_in,n_out,batch,tile,btile", SHAPES)
+def test_fp32_matches_torch(n_in, n_out, batch, tile, btile, bias, device):
+    ours, ref = make_pair(n_in, n_out, bias, tile, btile, device)
+    x = torch.randn(*batch, n_in, device=device)
+    gy = torch.randn(*batch, n_out, device=device)
+    y, g = run(ours, x, gy)
+    yr, gr = run(ref, x, gy)
+    ref64 = torch.nn.Linear(n_in, n_out, bias=bias).double().to(device)
+    ref64.load_state_dict({k: v.double() for k, v in ref.state_dict().items()})
+    y64, g64 = run(ref64, x.double(), gy.double())
+    assert isinstance(y, nt.TileTensor) and y.shape == yr.shape and y.device == yr.device
+    assert_close_as_torch(y, yr, y64, what="output")
+    for name, a, b, c in zip(["x"] + [n for n, _ in ref.named_parameters()], g, gr, g64):
+        assert a.shape == b.shape
+        assert_close_as_torch(a, b, c, what=f"grad {name}")
+
+
+@pytest.mark.parametrize("precision,dtype", [("tf32", torch.float32), ("bf16", torch.bfloat16)],
+                         ids=["precision=tf32", "precision=bf16"])
+def test_reduced_precision_no_worse_than_torch(precision, dtype, device):
+    n_in, n_out = 301, 157
+    ours, ref = make_pair(n_in, n_out, True, 64, 32, device, precision)
+    x = torch.randn(4, 45, n_in, device=device)
+    gy = torch.randn(4, 45, n_out, device=device)
+    y, g = run(ours, x, gy)
+    ref64 = torch.nn.Linear(n_in, n_out).double().to(device)
+    ref64.load_state_dict({k: v.double() for k, v in ref.state_dict().items()})
+    y64, g64 = run(ref64, x.double(), gy.double())
+    # torch in the same precision: tf32 matmuls allowed, or bf16 inputs.
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    try:
+        refp = torch.nn.Linear(n_in, n_out, device=device, dtype=dtype)
+        refp.load_state_dict(ref.state_dict())
+        yp, gp = run(refp, x.to(dtype), gy.to(dtype))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+    assert_close_as_torch(y, yp, y64, what=f"{precision} output")
+    for name, a, b, c in zip(["x", "weight", "bias"], g, gp, g64):
+        assert_close_as_torch(a, b, c, what=f"{precision} grad {name}")
+
+
+def test_gradients_accumulate(device):
+    ours, ref = make_pair(37, 53, True, 16, 8, device)
+    x = torch.randn(3, 11, 37, device=device)
+    for _ in range(2):
+        ours(x).sum().backward()
+        ref(x).sum().backward()
+    assert isinstance(ours.weight.grad, nt.TileTensor)
+    assert max_err(ours.weight.grad, ref.weight.grad) < 1e-4
+    assert max_err(ours.bias.grad, ref.bias.grad) < 1e-4
+
+
+def test_state_dict_round_trip(device):
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(37, 53, device=device)
+    ours = nt.nn.Linear(37, 53, device=device, tile_size=16)
+    ours.load_state_dict(ref.state_dict())
+    sd = ours.state_dict()
+    assert set(sd) == {"weight", "bias"}
+    assert all(type(v) is torch.Tensor for v in sd.values())
+    assert torch.equal(sd["weight"], ref.weight.detach()) and torch.equal(sd["bias"], ref.bias.detach())
+    back = torch.nn.Linear(37, 53, device=device)
+    back.load_state_dict(ours.state_dict())
+    x = torch.randn(5, 37, device=device)
+    assert torch.equal(back(x), ref(x))
+    # Same seed, same initial weights as torch.nn.Linear.
+    torch.manual_seed(7)
+    a = torch.nn.Linear(20, 30)
+    torch.manual_seed(7)
+    b = nt.nn.Linear(20, 30, tile_size=8)
+    assert torch.equal(a.weight.detach(), b.weight.materialize())
+
+
+@pytest.mark.parametrize("bad,err", [
+    (lambda d: torch.randn(4, 37, dtype=torch.float64, device=d), TypeError),
+    (lambda d: torch.randn(4, 36, device=d), ValueError),
+    (lambda d: torch.randint(0, 5, (4, 37), device=d), TypeError),
+    (lambda d: torch.randn(0, 37, device=d), ValueError),
+], ids=["float64", "wrong-last-dim", "integer", "empty"])
+def test_bad_input_raises_and_module_still_works(bad, err, device):
+    ours, ref = make_pair(37, 53, True, 16, 8, device)
+    with pytest.raises(err, match="Linear expects|Linear got"):
+        ours(bad(device))
+    x = torch.randn(4, 37, device=device)
+    assert max_err(ours(x), ref(x)) < 1e-5
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="in_features"):
+        nt.nn.Linear(0, 3)
+    with pytest.raises(ValueError, match="precision"):
+        nt.nn.Linear(3, 3, precision="fp8")
+    with pytest.raises(ValueError, match="tile_size"):
+        nt.nn.Linear(3, 3, tile_size=-1)
+    with pytest.raises(TypeError, match="float32"):
+        nt.nn.Linear(3, 3, dtype=torch.float64)
+
+
+def test_stacked_layers_stay_asynchronous(device):
+    """Two layers and their backward submit tasks without one host wait; reading the loss waits once."""
+    torch.manual_seed(0)
+    l1 = nt.nn.Linear(37, 29, tile_size=16, batch_tile_size=8, device=device)
+    l2 = nt.nn.Linear(29, 13, tile_size=16, batch_tile_size=8, device=device)
+    r1, r2 = torch.nn.Linear(37, 29, device=device), torch.nn.Linear(29, 13, device=device)
+    r1.load_state_dict(l1.state_dict())
+    r2.load_state_dict(l2.state_dict())
+    x = torch.randn(3, 11, 37, device=device)
+    gy = torch.randn(3, 11, 13, device=device)
+    before = nt.stats()
+    y = l2(l1(x))
+    y.backward(gy)
+    after = nt.stats()
+    assert after["blocking_waits"] == before["blocking_waits"]
+    assert after["tasks_submitted"] > before["tasks_submitted"]
+    r2(r1(x)).backward(gy)
+    assert max_err(y, r2(r1(x))) < 1e-5
+    assert max_err(l1.weight.grad, r1.weight.grad) < 1e-4
+    assert nt.stats()["blocking_waits"] > after["blocking_waits"]

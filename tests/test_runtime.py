@@ -1,0 +1,81 @@
+"""Runtime: info(), stats(), argument checks, restart with data kept."""
+import pytest
+import torch
+
+import nntile_torch as nt
+from nntile_torch.runtime import parse_bytes
+
+
+def test_info_describes_the_runtime():
+    d = nt.info()
+    assert d["starpu_version"].startswith("1.3")
+    assert d["workers"]["cpu"] + d["workers"]["cuda"] >= 1
+    assert any(n["kind"] == "cpu" and n["total_bytes"] > 0 for n in d["memory_nodes"])
+    assert isinstance(d["scheduler"], str) and d["scheduler"]
+
+
+def test_parse_bytes():
+    assert parse_bytes("8GiB", "x") == 8 * 2**30
+    assert parse_bytes("1.5 GB", "x") == 1_500_000_000
+    assert parse_bytes(2**21, "x") == 2**21
+    assert parse_bytes(None, "x") is None
+    for bad in ["8 parsecs", "-3GiB", 1.5, True, "100"]:
+        with pytest.raises(ValueError, match="x must"):
+            parse_bytes(bad, "x")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(ncpus=-2), "ncpus"), (dict(ncuda="one"), "ncuda"), (dict(cuda_memory_limit="lots"), "cuda_memory_limit"),
+    (dict(disk_path="/nonexistent-dir-for-nntile"), "disk_path"), (dict(ncpus=0, ncuda=0), "at least one worker"),
+    (dict(scheduler=""), "scheduler"),
+])
+def test_bad_init_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        nt.init(**kwargs)
+
+
+def test_second_init_with_other_arguments_raises():
+    nt.runtime.ensure_init()
+    settings = nt.info()["settings"]
+    nt.init(**settings_as_args(settings))  # same arguments: fine
+    with pytest.raises(RuntimeError, match="already running"):
+        nt.init(ncpus=1, scheduler="eager")
+
+
+def settings_as_args(s):
+    return {k: (None if v in (-1,) else v) for k, v in s.items()}
+
+
+def test_restart_keeps_tile_tensors_and_applies_limits(tmp_path):
+    x = torch.randn(13, 7)
+    t = nt.TileTensor.from_dense(x, (4, 4))
+    nt.shutdown()
+    assert not nt.is_running()
+    nt.init(ncpus=1, host_memory_limit="256MiB", disk_path=tmp_path, disk_limit="64MiB", scheduler="eager")
+    try:
+        d = nt.info()
+        assert d["workers"]["cpu"] == 1 and d["scheduler"] == "eager"
+        assert any(n["kind"] == "disk" for n in d["memory_nodes"])
+        cpu = [n for n in d["memory_nodes"] if n["kind"] == "cpu"][0]
+        assert cpu["total_bytes"] == 256 * 2**20
+        assert torch.equal(t.materialize(), x)
+        # Work runs on the restarted runtime.
+        lin = nt.nn.Linear(7, 5, tile_size=4)
+        ref = torch.nn.Linear(7, 5)
+        ref.load_state_dict(lin.state_dict())
+        assert torch.allclose(lin(x), ref(x), atol=1e-6)
+    finally:
+        nt.shutdown()
+    assert torch.equal(t.materialize(), x)  # lazily restarted with defaults
+
+
+def test_stats_count_tasks_and_waits():
+    s0 = nt.stats()
+    t = nt.TileTensor.from_dense(torch.randn(8, 8), (4, 4))
+    u = t + t
+    s1 = nt.stats()
+    assert s1["tasks_submitted"] >= s0["tasks_submitted"] + 8
+    u.materialize()
+    assert nt.stats()["blocking_waits"] == s1["blocking_waits"] + 1
+    u.materialize()  # cached: no new wait
+    assert nt.stats()["blocking_waits"] == s1["blocking_waits"] + 1

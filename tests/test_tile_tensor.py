@@ -1,0 +1,65 @@
+"""TileTensor: dense round trips on awkward shapes, torch ops through materialization, in-place write-back."""
+import pytest
+import torch
+
+import nntile_torch as nt
+
+
+@pytest.mark.parametrize("shape,tile", [
+    ((37, 53), (16, 16)), ((5,), (2,)), ((3, 7, 11), (2, 3, 4)), ((1, 1), (8, 8)), ((64, 32), (64, 32)),
+], ids=lambda v: "x".join(map(str, v)))
+def test_dense_round_trip(shape, tile):
+    x = torch.randn(*shape)
+    t = nt.TileTensor.from_dense(x, tile)
+    grid = [-(-s // min(b, s)) for s, b in zip(shape, tile)]
+    assert list(t.tiles.grid) == grid
+    assert torch.equal(t.materialize(), x)
+    assert torch.equal(t + 0, x)
+
+
+def test_bfloat16_tiles():
+    x = torch.randn(9, 10).bfloat16()
+    t = nt.TileTensor.from_dense(x, (4, 4))
+    assert t.dtype == torch.bfloat16 and torch.equal(t.materialize(), x)
+
+
+def test_torch_ops_see_a_dense_tensor():
+    x = torch.randn(6, 7)
+    t = nt.TileTensor.from_dense(x, (4, 4))
+    assert torch.allclose(torch.sum(t), x.sum())
+    assert torch.equal(t.t() @ t, x.t() @ x)
+    assert torch.equal(t[2:4, 1], x[2:4, 1])
+    assert "TileTensor" in repr(t)
+
+
+def test_in_place_ops_write_back_to_tiles():
+    x = torch.randn(6, 7)
+    t = nt.TileTensor.from_dense(x, (4, 4))
+    v = t.tiles.version
+    t.mul_(2).add_(1)
+    assert t.tiles.version > v
+    assert torch.equal(t.tiles.to_dense(), x * 2 + 1)
+    t.zero_()
+    assert torch.equal(t.materialize(), torch.zeros(6, 7))
+
+
+def test_tile_ops_between_tile_tensors():
+    a, b = torch.randn(9, 5), torch.randn(9, 5)
+    ta, tb = nt.TileTensor.from_dense(a, (4, 2)), nt.TileTensor.from_dense(b, (4, 2))
+    waits = nt.stats()["blocking_waits"]
+    s = ta + tb  # tile tasks, no wait
+    c = ta.clone()
+    ta.add_(tb, alpha=3)
+    assert isinstance(s, nt.TileTensor) and isinstance(c, nt.TileTensor)
+    assert nt.stats()["blocking_waits"] == waits
+    assert torch.allclose(s.materialize(), a + b)
+    assert torch.equal(c.materialize(), a)
+    assert torch.allclose(ta.materialize(), a + 3 * b)
+
+
+def test_copy_between_tilings():
+    a = torch.randn(9, 5)
+    ta = nt.TileTensor.from_dense(a, (4, 2))
+    tb = nt.TileTensor.empty((9, 5), (3, 3))
+    tb.copy_(ta)
+    assert torch.equal(tb.materialize(), a)
