@@ -20,6 +20,14 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _TILE_DTYPES = {v: k for k, v in _DTYPES.items()}
 
 
+def _full_device(device):
+    """torch.device with an index for CUDA (autograd's engine needs one to pick its device queue)."""
+    device = torch.device(device if device is not None else "cpu")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class TileTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, tiles, shape=None, device=None, requires_grad=False):
@@ -28,7 +36,7 @@ class TileTensor(torch.Tensor):
             raise ValueError(f"shape {shape} does not hold the {math.prod(tiles.shape)} elements of tiles of "
                              f"shape {tuple(tiles.shape)}")
         r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=_DTYPES[tiles.dtype],
-                                                device=torch.device(device or "cpu"), requires_grad=requires_grad)
+                                                device=_full_device(device), requires_grad=requires_grad)
         r._tiles = tiles
         r._dense_cache = None
         return r

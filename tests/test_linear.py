@@ -14,6 +14,12 @@ SHAPES = [
 ]
 
 
+def round_tf32(t):
+    """Rounds float32 values to tf32 (10 mantissa bits), to nearest."""
+    i = t.detach().contiguous().view(torch.int32)
+    return ((i + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
 def make_pair(n_in, n_out, bias, tile, btile, device, precision="fp32"):
     torch.manual_seed(1234)
     ref = torch.nn.Linear(n_in, n_out, bias=bias, device=device)
@@ -60,15 +66,16 @@ def test_reduced_precision_no_worse_than_torch(precision, dtype, device):
     ref64 = torch.nn.Linear(n_in, n_out).double().to(device)
     ref64.load_state_dict({k: v.double() for k, v in ref.state_dict().items()})
     y64, g64 = run(ref64, x.double(), gy.double())
-    # torch in the same precision: tf32 matmuls allowed, or bf16 inputs.
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    try:
-        refp = torch.nn.Linear(n_in, n_out, device=device, dtype=dtype)
-        refp.load_state_dict(ref.state_dict())
-        yp, gp = run(refp, x.to(dtype), gy.to(dtype))
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
+    # torch in the same precision: bf16 tensors, or for tf32 its inputs rounded to tf32 (cuBLAS may decline
+    # tensor cores for small matrices even when tf32 is allowed, so allowing it would not show tf32's error).
+    rnd = round_tf32 if precision == "tf32" else (lambda t: t.to(dtype))
+    refp = torch.nn.Linear(n_in, n_out, device=device, dtype=dtype)
+    refp.load_state_dict({k: rnd(v) for k, v in ref.state_dict().items()})
+    xp, gyp = rnd(x), rnd(gy)
+    yp = refp(xp)
+    # Gradients in that precision: each product's inputs are rounded, as the tensor cores would.
+    w = refp.weight.detach()
+    gp = [rnd(gyp) @ rnd(w), rnd(gyp).reshape(-1, n_out).t() @ rnd(xp).reshape(-1, n_in), gyp.sum((0, 1))]
     assert_close_as_torch(y, yp, y64, what=f"{precision} output")
     for name, a, b, c in zip(["x", "weight", "bias"], g, gp, g64):
         assert_close_as_torch(a, b, c, what=f"{precision} grad {name}")
