@@ -4,7 +4,7 @@ import torch  # noqa: F401  (loads libtorch and, in CUDA builds, the cuBLAS/cuda
 from . import _C
 from .runtime import info, init, is_running, shutdown, stats, synchronize
 from .tensor import TileTensor
-from . import nn  # noqa: E402  (needs the runtime and TileTensor)
+from . import nn, optim  # noqa: E402  (need the runtime and TileTensor)
 
 __version__ = "0.1.0"
-__all__ = ["init", "shutdown", "info", "stats", "synchronize", "is_running", "TileTensor", "nn"]
+__all__ = ["init", "shutdown", "info", "stats", "synchronize", "is_running", "TileTensor", "nn", "optim"]

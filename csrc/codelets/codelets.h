@@ -3,6 +3,7 @@
 #include <starpu.h>
 
 #include "../common.h"
+#include "../kernels/adamw.h"
 #include "../kernels/gemm.h"
 
 namespace nntile::codelets {
@@ -16,5 +17,9 @@ void submit_bias_add(int64_t m, int64_t n, starpu_data_handle_t b, starpu_data_h
 void submit_bias_grad(int64_t m, int64_t n, starpu_data_handle_t dy, float beta, starpu_data_handle_t db);
 // y = alpha x + beta y over n values (y only written when beta == 0).
 void submit_add(int64_t n, float alpha, starpu_data_handle_t x, float beta, starpu_data_handle_t y);
+
+// One AdamW step on a parameter tile; init_state zeroes the state tiles first instead of reading them.
+void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, starpu_data_handle_t grad,
+                  starpu_data_handle_t param, starpu_data_handle_t exp_avg, starpu_data_handle_t exp_avg_sq);
 
 }  // namespace nntile::codelets

@@ -1,0 +1,29 @@
+// AdamW update over n fp32 values, step by step as torch.optim.AdamW (single-tensor path) does it:
+//   p *= 1 - lr * wd;  m = lerp(m, g, 1 - beta1);  v = v * beta2 + (1 - beta2) g^2;
+//   p -= step_size * m / (sqrt(v) / bias_correction2_sqrt + eps)
+#pragma once
+#include <cstdint>
+#ifdef NNTILE_USE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace nntile::kernels {
+
+// Scalars as torch computes them in Python (double) and hands to its float kernels.
+struct AdamWScalars {
+    float decay;         // 1 - lr * weight_decay
+    float one_minus_b1;  // lerp weight
+    float beta2;
+    float one_minus_b2;
+    float step_size;     // lr / (1 - beta1^step)
+    float bc2_sqrt;      // sqrt(1 - beta2^step)
+    float eps;
+};
+
+void adamw_cpu(int64_t n, const AdamWScalars &s, const float *grad, float *param, float *exp_avg, float *exp_avg_sq);
+#ifdef NNTILE_USE_CUDA
+void adamw_cuda(cudaStream_t stream, int64_t n, const AdamWScalars &s, const float *grad, float *param,
+                float *exp_avg, float *exp_avg_sq);
+#endif
+
+}  // namespace nntile::kernels

@@ -1,0 +1,34 @@
+// Tiled AdamW step: one task per parameter tile.
+#include <cmath>
+
+#include "../codelets/codelets.h"
+#include "ops.h"
+
+namespace nntile::ops {
+
+void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor &exp_avg_sq, double lr, double beta1,
+           double beta2, double eps, double weight_decay, int64_t step, bool init_state) {
+    NNTILE_CHECK(param.dtype() == DType::f32, "AdamW updates float32 parameters (got " << dtype_name(param.dtype()) << ")");
+    NNTILE_CHECK(grad.same_tiling(param) && exp_avg.same_tiling(param) && exp_avg_sq.same_tiling(param),
+                 "AdamW: gradient and state tiles must match the parameter's");
+    NNTILE_CHECK(step >= 1, "AdamW step must be >= 1 (got " << step << ")");
+    kernels::AdamWScalars s;
+    s.decay = (float)(1.0 - lr * weight_decay);
+    s.one_minus_b1 = (float)(1.0 - beta1);
+    s.beta2 = (float)beta2;
+    s.one_minus_b2 = (float)(1.0 - beta2);
+    s.step_size = (float)(lr / (1.0 - std::pow(beta1, (double)step)));
+    s.bc2_sqrt = (float)std::sqrt(1.0 - std::pow(beta2, (double)step));
+    s.eps = (float)eps;
+    for (int64_t t = 0; t < param.ntiles(); ++t) {
+        int64_t n = 1;
+        for (auto e : param.tile_extents(t)) n *= e;
+        codelets::submit_adamw(n, s, init_state, grad.handle(t), param.handle(t), exp_avg.handle(t),
+                               exp_avg_sq.handle(t));
+    }
+    param.bump_version();
+    exp_avg.bump_version();
+    exp_avg_sq.bump_version();
+}
+
+}  // namespace nntile::ops

@@ -1,0 +1,122 @@
+"""nntile_torch.optim.AdamW against torch.optim.AdamW: 20 steps of losses and weights, param groups,
+state_dict interchange and resume."""
+import copy
+
+import pytest
+import torch
+
+import nntile_torch as nt
+from conftest import max_err
+
+
+def models(device, seed=0):
+    torch.manual_seed(seed)
+    ours = torch.nn.Sequential(nt.nn.Linear(37, 29, tile_size=16, batch_tile_size=8, device=device), torch.nn.Tanh(),
+                               nt.nn.Linear(29, 13, tile_size=16, batch_tile_size=8, device=device))
+    ref = torch.nn.Sequential(torch.nn.Linear(37, 29, device=device), torch.nn.Tanh(),
+                              torch.nn.Linear(29, 13, device=device))
+    ref.load_state_dict(ours.state_dict())
+    return ours, ref
+
+
+def batches(n, device, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(3, 11, 37, generator=g).to(device), torch.randn(3, 11, 13, generator=g).to(device))
+            for _ in range(n)]
+
+
+def train(model, opt, data):
+    losses = []
+    for x, y in data:
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def groups(model, lr):
+    params = list(model.parameters())
+    return [{"params": params[:2]}, {"params": params[2:], "lr": lr / 3, "weight_decay": 0.1}]
+
+
+@pytest.mark.parametrize("use_groups", [False, True], ids=["one-group", "param-groups"])
+def test_twenty_steps_match_torch(device, use_groups):
+    ours, ref = models(device)
+    kw = dict(lr=1e-2, betas=(0.8, 0.95), eps=1e-7, weight_decay=0.05)
+    opt = nt.optim.AdamW(groups(ours, 1e-2) if use_groups else ours.parameters(), **kw)
+    ropt = torch.optim.AdamW(groups(ref, 1e-2) if use_groups else ref.parameters(), foreach=False, **kw)
+    ref64 = copy.deepcopy(ref).double()
+    ropt64 = torch.optim.AdamW(groups(ref64, 1e-2) if use_groups else ref64.parameters(), foreach=False, **kw)
+    data = batches(20, device)
+    l_ours, l_ref = train(ours, opt, data), train(ref, ropt, data)
+    l_64 = train(ref64, ropt64, [(x.double(), y.double()) for x, y in data])
+    # "Within float32 rounding": Adam divides by sqrt(v), which magnifies the rounding of near-zero gradients,
+    # so the yardstick is torch's own float32 run against a float64 run of the same steps: we may be at most
+    # twice as far from float64 (plus a few ulps).
+    tol = 4 * torch.finfo(torch.float32).eps
+    assert max(abs(a - c) for a, c in zip(l_ours, l_64)) <= 2 * max(abs(b - c) for b, c in zip(l_ref, l_64)) + tol
+    for (name, a), b, c in zip(ours.state_dict().items(), ref.state_dict().values(), ref64.state_dict().values()):
+        assert max_err(a, c) <= 2 * max_err(b, c) + tol, name
+    assert l_ours[-1] < l_ours[0]
+
+
+def test_step_does_not_wait(device):
+    ours, _ = models(device)
+    layer = ours[0]  # no torch op between tile ops (torch's tanh would read its input: one wait)
+    opt = nt.optim.AdamW(layer.parameters(), lr=1e-3)
+    x = batches(1, device)[0][0]
+    before = nt.stats()["blocking_waits"]
+    layer(x).backward(torch.ones(3, 11, 29, device=device))  # a dense gradient from torch code: no wait either
+    opt.step()
+    opt.step()
+    assert nt.stats()["blocking_waits"] == before
+    assert isinstance(opt.state[ours[0].weight]["exp_avg"], nt.TileTensor)
+
+
+def test_state_dict_interchange_and_resume(device):
+    data = batches(10, device)
+    # Uninterrupted run.
+    ours, ref = models(device)
+    opt = nt.optim.AdamW(ours.parameters(), lr=1e-2)
+    full = train(ours, opt, data)
+    # Stop after 5 steps, save both, resume in fresh objects; the saved optimizer state is plain tensors.
+    a, _ = models(device)
+    opt_a = nt.optim.AdamW(a.parameters(), lr=1e-2)
+    first = train(a, opt_a, data[:5])
+    saved_model, saved_opt = copy.deepcopy(a.state_dict()), copy.deepcopy(opt_a.state_dict())
+    assert all(type(v) is torch.Tensor for s in saved_opt["state"].values() for v in s.values())
+    b, _ = models(device, seed=99)
+    b.load_state_dict(saved_model)
+    opt_b = nt.optim.AdamW(b.parameters(), lr=1e-2)
+    opt_b.load_state_dict(copy.deepcopy(saved_opt))
+    rest = train(b, opt_b, data[5:])
+    assert max(abs(x - y) for x, y in zip(first + rest, full)) < 1e-6
+    # torch.optim.AdamW takes our state_dict and continues like we do.
+    _, r = models(device)
+    r.load_state_dict(saved_model)
+    ropt = torch.optim.AdamW(r.parameters(), lr=1e-2, foreach=False)
+    ropt.load_state_dict(copy.deepcopy(saved_opt))
+    assert max(abs(x - y) for x, y in zip(train(r, ropt, data[5:]), rest)) < 1e-5
+
+
+def test_bad_arguments():
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    for kw, match in [(dict(lr=-1), "learning rate"), (dict(betas=(0.9, 1.0)), "betas"), (dict(eps=-1), "epsilon"),
+                      (dict(weight_decay=-1), "weight_decay"), (dict(amsgrad=True), "amsgrad")]:
+        with pytest.raises(ValueError, match=match):
+            nt.optim.AdamW(p, **kw)
+
+
+def test_plain_parameters_match_torch():
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(5, 3))
+    w2 = torch.nn.Parameter(w.detach().clone())
+    opt, ropt = nt.optim.AdamW([w], lr=0.1), torch.optim.AdamW([w2], lr=0.1, foreach=False)
+    for _ in range(5):
+        for p, o in ((w, opt), (w2, ropt)):
+            o.zero_grad()
+            (p ** 2).sum().backward()
+            o.step()
+    assert torch.allclose(w, w2, atol=1e-6)
