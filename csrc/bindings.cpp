@@ -112,7 +112,8 @@ PYBIND11_MODULE(_C, m) {
         .def_property_readonly("name", &TileTensor::name)
         .def("same_tiling", &TileTensor::same_tiling)
         .def("from_dense", &TileTensor::from_dense, py::call_guard<py::gil_scoped_release>())
-        .def("to_dense", &TileTensor::to_dense, py::call_guard<py::gil_scoped_release>())
+        .def("to_dense", &TileTensor::to_dense, py::arg("device") = py::none(),
+             py::call_guard<py::gil_scoped_release>())
         .def("wont_use", &TileTensor::wont_use)
         .def("invalidate", &TileTensor::invalidate);
 

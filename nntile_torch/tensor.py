@@ -72,7 +72,7 @@ class TileTensor(torch.Tensor):
         ensure_init()
         version = self._tiles.version
         if self._dense_cache is None or self._dense_cache[0] != version:
-            dense = self._tiles.to_dense().reshape(self.shape).to(self.device)
+            dense = self._tiles.to_dense(self.device).reshape(self.shape)
             self._dense_cache = (version, dense)
         return self._dense_cache[1]
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (through the device tool): installs the StarPU prefix carried in .carry/starpu, builds
-# the extension against the machine's torch, then runs what is asked: tests, gemm (benchmark), mlp (main job).
+# the extension against the machine's torch, then runs what is asked: tests, gemm, linear (benchmarks), mlp (main job).
 # Logs go to $OUT.
 #   bash scripts/h200.sh tests gemm
 # Prepare the carry here first: bash scripts/prepare_carry.sh
@@ -26,6 +26,9 @@ for step in "$@"; do
   case $step in
     tests) python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/tests.log" | tail -25; rc=${PIPESTATUS[0]} ;;
     gemm) python3 -m benchmarks.gemm --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | tail -30; rc=${PIPESTATUS[0]} ;;
+    linear) for prec in bf16 tf32; do
+              python3 -m benchmarks.linear --precision $prec --out "$OUT/linear_$prec.json" 2>&1 | tee -a "$OUT/linear.log" | tail -3
+            done; rc=${PIPESTATUS[0]} ;;
     mlp) python3 -m nntile_torch.examples.mlp --steps 100 --out "$OUT/mlp" 2>&1 | tr '\r' '\n' | tail -3; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac

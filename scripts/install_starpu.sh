@@ -14,9 +14,11 @@ nvcc_bin=$(command -v nvcc || true)
 [ -z "$nvcc_bin" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc_bin=/usr/local/cuda/bin/nvcc
 want_cuda=no; [ -n "$nvcc_bin" ] && want_cuda=yes
 
+# What the build was made with; a prefix built otherwise (or by an older version of this script) is rebuilt.
+build_id="cuda=$want_cuda maxcpus=128 maxcudadev=8 v2"
 stamp="$prefix/.nntile_build"
-if [ -f "$stamp" ] && grep -qx "cuda=$want_cuda" "$stamp" && [ -f "$prefix/lib/pkgconfig/starpu-1.3.pc" ]; then
-  echo "StarPU already installed in $prefix (cuda=$want_cuda)"
+if [ -f "$stamp" ] && grep -qx "$build_id" "$stamp" && [ -f "$prefix/lib/pkgconfig/starpu-1.3.pc" ]; then
+  echo "StarPU already installed in $prefix ($build_id)"
   exit 0
 fi
 
@@ -62,6 +64,8 @@ if [ "$want_cuda" = yes ]; then
 else
   cuda_flags=(--disable-cuda)
 fi
+# configure would size the worker table to this machine's cores; the GPU boxes have 16 to 128.
+cuda_flags+=(--enable-maxcpus=128)
 
 cd "$src"
 ./configure --prefix="$prefix" "${cuda_flags[@]}" \
@@ -69,7 +73,7 @@ cd "$src"
   --disable-socl --disable-starpufft --disable-mpi --disable-glpk --disable-starpurm --disable-static \
   --disable-hdf5 --disable-leveldb ${STARPU_CONFIGURE_EXTRA:-} >configure.log 2>&1 || { tail -40 configure.log; exit 1; }
 make -j"${STARPU_JOBS:-$(nproc)}" >make.log 2>&1 || { grep -B2 -A8 -m5 'error' make.log; exit 1; }
-$sudo mkdir -p "$prefix"
+$sudo rm -rf "$prefix" && $sudo mkdir -p "$prefix"
 $sudo make install >install.log 2>&1 || { tail -20 install.log; exit 1; }
-echo "cuda=$want_cuda" | $sudo tee "$stamp" >/dev/null
-echo "StarPU installed in $prefix (cuda=$want_cuda)"
+echo "$build_id" | $sudo tee "$stamp" >/dev/null
+echo "StarPU installed in $prefix ($build_id)"

