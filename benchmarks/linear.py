@@ -35,6 +35,7 @@ def main():
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--tile", type=int, default=4096)
     ap.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16"])
+    ap.add_argument("--bias", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--ncpus", type=int, default=0, help="StarPU CPU workers beside the GPUs (default 0)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--reps", type=int, default=10)
@@ -44,9 +45,9 @@ def main():
     dev = "cuda" if cuda else "cpu"
     nt.init(ncpus=args.ncpus if cuda else None)
     L, W, R = args.layers, args.width, args.rows
-    ours = torch.nn.Sequential(*[nt.nn.Linear(W, W, device=dev, tile_size=args.tile, batch_tile_size=args.tile,
+    ours = torch.nn.Sequential(*[nt.nn.Linear(W, W, bias=args.bias, device=dev, tile_size=args.tile, batch_tile_size=args.tile,
                                               precision=args.precision) for _ in range(L)])
-    ref = torch.nn.Sequential(*[torch.nn.Linear(W, W, device=dev) for _ in range(L)])
+    ref = torch.nn.Sequential(*[torch.nn.Linear(W, W, bias=args.bias, device=dev) for _ in range(L)])
     ref.load_state_dict(ours.state_dict())
     x = torch.randn(R, W, device=dev)
     gy = torch.randn(R, W, device=dev)
@@ -67,11 +68,11 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
     t_ref = timed(step_ref, sync_t, args.warmup, args.reps)
     t_ours = timed(step_ours, nt.synchronize, args.warmup, args.reps)
-    res = {"layers": L, "width": W, "rows": R, "tile": args.tile, "precision": args.precision,
+    res = {"layers": L, "width": W, "rows": R, "tile": args.tile, "bias": args.bias, "precision": args.precision,
            "nntile_s": t_ours, "torch_s": t_ref, "nntile_tflops": flops / t_ours / 1e12,
            "torch_tflops": flops / t_ref / 1e12, "ratio": t_ref / t_ours, "info_workers": nt.info()["workers"],
            "gpu": torch.cuda.get_device_name(0) if cuda else None, "torch": torch.__version__}
-    print(f"linear stack {L}x{W}, rows {R}, {args.precision}, tile {args.tile}: nntile {t_ours * 1e3:.1f} ms "
+    print(f"linear stack {L}x{W}, rows {R}, {args.precision}, tile {args.tile}, bias {args.bias}: nntile {t_ours * 1e3:.1f} ms "
           f"({res['nntile_tflops']:.0f} TFLOP/s), torch {t_ref * 1e3:.1f} ms ({res['torch_tflops']:.0f} TFLOP/s), "
           f"speed ratio {res['ratio']:.2f}")
     if args.out:

@@ -29,6 +29,10 @@ for step in "$@"; do
     linear) for prec in bf16 tf32; do
               python3 -m benchmarks.linear --precision $prec --out "$OUT/linear_$prec.json" 2>&1 | tee -a "$OUT/linear.log" | tail -3
             done; rc=${PIPESTATUS[0]} ;;
+    linear-variants)  # where the time goes: tile size, bias kernels
+      for a in "--tile 8192" "--no-bias" "--tile 2048" "--precision fp32 --reps 3"; do
+        python3 -m benchmarks.linear $a 2>&1 | tee -a "$OUT/linear_variants.log" | tail -1
+      done; rc=0 ;;
     mlp) python3 -m nntile_torch.examples.mlp --steps 100 --out "$OUT/mlp" 2>&1 | tr '\r' '\n' | tail -3; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
