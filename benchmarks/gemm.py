@@ -8,12 +8,12 @@ torch side uses the same matrices. Each figure is the median of --reps runs afte
 import argparse
 import json
 import platform
-import statistics
 import time
 
 import torch
 
 import nntile_torch as nt
+from benchmarks.common import median_time
 from nntile_torch import _C
 
 MODES = {  # name -> (torch dtype of A and B, precision mode, torch setup)
@@ -23,18 +23,6 @@ MODES = {  # name -> (torch dtype of A and B, precision mode, torch setup)
     "bf16-from-fp32": (torch.float32, "bf16"),  # fp32 tiles rounded to bf16 by cuBLAS
 }
 
-
-def median_time(fn, warmup, reps, sync):
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def torch_matmul(n, mode, device, warmup, reps):

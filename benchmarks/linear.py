@@ -7,25 +7,12 @@ torch runs under autocast (bf16) or with tf32 allowed, to match --precision. Med
 """
 import argparse
 import json
-import statistics
-import time
 
 import torch
 
 import nntile_torch as nt
+from benchmarks.common import median_time
 
-
-def timed(step, sync, warmup, reps):
-    for _ in range(warmup):
-        step()
-    sync()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        step()
-        sync()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def main():
@@ -66,8 +53,8 @@ def main():
 
     flops = 6.0 * R * W * W * L
     torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
-    t_ref = timed(step_ref, sync_t, args.warmup, args.reps)
-    t_ours = timed(step_ours, nt.synchronize, args.warmup, args.reps)
+    t_ref = median_time(step_ref, args.warmup, args.reps, sync_t)
+    t_ours = median_time(step_ours, args.warmup, args.reps, nt.synchronize)
     res = {"layers": L, "width": W, "rows": R, "tile": args.tile, "bias": args.bias, "precision": args.precision,
            "nntile_s": t_ours, "torch_s": t_ref, "nntile_tflops": flops / t_ours / 1e12,
            "torch_tflops": flops / t_ref / 1e12, "ratio": t_ref / t_ours, "info_workers": nt.info()["workers"],

@@ -49,15 +49,8 @@ constexpr starpu_cuda_func_t adamw_cuda_func = nullptr;
 #endif
 
 starpu_codelet *cl_adamw() {
-    static starpu_perfmodel model;
-    static starpu_codelet cl;
-    static bool ready = [] {
-        init_perfmodel(model, "nntile_adamw", adamw_footprint);
-        init_codelet(cl, "adamw", adamw_cpu_func, adamw_cuda_func, &model);
-        return true;
-    }();
-    (void)ready;
-    return &cl;
+    static starpu_codelet *cl = new_codelet("adamw", "nntile_adamw", adamw_cpu_func, adamw_cuda_func, adamw_footprint);
+    return cl;
 }
 
 }  // namespace

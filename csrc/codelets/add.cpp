@@ -36,15 +36,8 @@ constexpr starpu_cuda_func_t add_cuda_func = nullptr;
 #endif
 
 starpu_codelet *cl_add() {
-    static starpu_perfmodel model;
-    static starpu_codelet cl;
-    static bool ready = [] {
-        init_perfmodel(model, "nntile_add", add_footprint);
-        init_codelet(cl, "add", add_cpu_func, add_cuda_func, &model);
-        return true;
-    }();
-    (void)ready;
-    return &cl;
+    static starpu_codelet *cl = new_codelet("add", "nntile_add", add_cpu_func, add_cuda_func, add_footprint);
+    return cl;
 }
 
 }  // namespace

@@ -49,27 +49,13 @@ constexpr starpu_cuda_func_t bias_grad_cuda_func = nullptr;
 #endif
 
 starpu_codelet *cl_bias_add() {
-    static starpu_perfmodel model;
-    static starpu_codelet cl;
-    static bool ready = [] {
-        init_perfmodel(model, "nntile_bias_add", bias_footprint);
-        init_codelet(cl, "bias_add", bias_add_cpu_func, bias_add_cuda_func, &model);
-        return true;
-    }();
-    (void)ready;
-    return &cl;
+    static starpu_codelet *cl = new_codelet("bias_add", "nntile_bias_add", bias_add_cpu_func, bias_add_cuda_func, bias_footprint);
+    return cl;
 }
 
 starpu_codelet *cl_bias_grad() {
-    static starpu_perfmodel model;
-    static starpu_codelet cl;
-    static bool ready = [] {
-        init_perfmodel(model, "nntile_bias_grad", bias_footprint);
-        init_codelet(cl, "bias_grad", bias_grad_cpu_func, bias_grad_cuda_func, &model);
-        return true;
-    }();
-    (void)ready;
-    return &cl;
+    static starpu_codelet *cl = new_codelet("bias_grad", "nntile_bias_grad", bias_grad_cpu_func, bias_grad_cuda_func, bias_footprint);
+    return cl;
 }
 
 BiasArgs *make_args(int64_t m, int64_t n, float beta) {

@@ -33,6 +33,20 @@ inline void init_codelet(starpu_codelet &cl, const char *name, starpu_cpu_func_t
     cl.model = model;
 }
 
+// A codelet and its perf model, built once and kept for the process (StarPU holds pointers to both).
+struct CodeletDef {
+    starpu_perfmodel model;
+    starpu_codelet cl;
+};
+
+inline starpu_codelet *new_codelet(const char *name, const char *symbol, starpu_cpu_func_t cpu,
+                                   starpu_cuda_func_t cuda, uint32_t (*footprint)(starpu_task *)) {
+    auto *d = new CodeletDef;
+    init_perfmodel(d->model, symbol, footprint);
+    init_codelet(d->cl, name, cpu, cuda, &d->model);
+    return &d->cl;
+}
+
 template <class Args>
 inline const Args &args_of(starpu_task *task) {
     return *static_cast<const Args *>(task->cl_arg);

@@ -42,15 +42,8 @@ uint32_t gemm_footprint(starpu_task *task) {
 }
 
 starpu_codelet *cl_gemm() {
-    static starpu_perfmodel model;
-    static starpu_codelet cl;
-    static bool ready = [] {
-        init_perfmodel(model, "nntile_gemm", gemm_footprint);
-        init_codelet(cl, "gemm", gemm_cpu_func, gemm_cuda_func, &model);
-        return true;
-    }();
-    (void)ready;
-    return &cl;
+    static starpu_codelet *cl = new_codelet("gemm", "nntile_gemm", gemm_cpu_func, gemm_cuda_func, gemm_footprint);
+    return cl;
 }
 
 }  // namespace

@@ -1,0 +1,38 @@
+"""Smoke tests: the benchmarks and the main-job example run end to end at a tiny size and write their results."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args, tmp_path):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", *args], cwd=tmp_path, env=env, check=True, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_gemm_benchmark(tmp_path):
+    run("benchmarks.gemm", "--size", "300", "--tiles", "128", "--reps", "2", "--warmup", "1", "--overhead-tasks",
+        "500", "--out", "g.json", tmp_path=tmp_path)
+    d = json.loads((tmp_path / "g.json").read_text())
+    assert d["gemm"][0]["rel_error"] < 1e-5 and d["gemm"][0]["nntile_tflops"] > 0
+    assert d["task_overhead"][0]["tasks_per_s"] > 0
+
+
+def test_linear_benchmark(tmp_path):
+    run("benchmarks.linear", "--layers", "2", "--width", "96", "--rows", "70", "--tile", "32", "--precision", "fp32",
+        "--reps", "2", "--warmup", "1", "--out", "l.json", tmp_path=tmp_path)
+    d = json.loads((tmp_path / "l.json").read_text())
+    assert d["nntile_s"] > 0 and d["torch_s"] > 0
+
+
+def test_mlp_example(tmp_path):
+    out = run("nntile_torch.examples.mlp", "--steps", "5", "--width", "64", "--device", "cpu", "--out", "run",
+              tmp_path=tmp_path)
+    log = json.loads((tmp_path / "run" / "log.json").read_text())
+    assert len(log["steps"]) == 5
+    assert all(abs(s["loss"] - s["torch_loss"]) <= 1e-5 * s["torch_loss"] + 1e-7 for s in log["steps"])
+    assert (tmp_path / "run" / "loss.png").stat().st_size > 0
+    assert "final loss" in out.stdout
