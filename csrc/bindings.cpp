@@ -126,6 +126,7 @@ PYBIND11_MODULE(_C, m) {
     m.def("bias_add", &ops::bias_add, py::arg("b"), py::arg("y"));
     m.def("bias_grad", &ops::bias_grad, py::arg("dy"), py::arg("db"), py::arg("beta") = 0.f);
     m.def("add", &ops::add, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"));
+    m.def("convert", &ops::convert, py::arg("src"), py::arg("dst"));
     m.def("adamw", &ops::adamw, py::arg("grad"), py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
           py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
           py::arg("init_state"));

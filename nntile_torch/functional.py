@@ -21,9 +21,33 @@ def as_matrix_tiles(x, row_tile, col_tile):
     return t
 
 
+def to_bf16(t):
+    """bfloat16 copy of C++ tiles (the same tiles when they already are bf16)."""
+    if t.dtype == "bfloat16":
+        return t
+    b = _C.TileTensor(list(t.shape), list(t.tile_shape), "bfloat16", t.name + ".bf16")
+    _C.convert(t, b)
+    return b
+
+
+def weight_bf16(weight):
+    """bf16 tiles of a weight, made once per weight version (the optimizer's update makes a new version)."""
+    version = weight.tiles.version
+    cache = getattr(weight, "_bf16_cache", None)
+    if cache is None or cache[0] != version:
+        cache = (version, to_bf16(weight.tiles))
+        weight._bf16_cache = cache
+    return cache[1]
+
+
 class LinearFunction(torch.autograd.Function):
     """y = x @ weight.T + bias with x (..., K), weight (N, K) tiled (t, t), bias (N,) tiled (t,); y (..., N) as
-    tiles (rows, t) of the matrix (prod(...), N)."""
+    tiles (rows, t) of the matrix (prod(...), N).
+
+    precision "bf16": the matmuls read bf16 tiles (x, dy, and a bf16 copy of the weight kept per weight version)
+    and accumulate into fp32 tiles; x is kept for backward in bf16, as autocast does. "fp32"/"tf32": fp32 tiles,
+    tf32 rounding done by cuBLAS.
+    """
 
     @staticmethod
     def forward(ctx, x, weight, bias, batch_tile, precision):
@@ -31,27 +55,32 @@ class LinearFunction(torch.autograd.Function):
         tile = wt.tile_shape[1]
         x2 = as_matrix_tiles(x, batch_tile, tile)
         m, n = x2.shape[0], wt.shape[0]
+        if precision == "bf16":
+            x2, wc, mode = to_bf16(x2), weight_bf16(weight), "fp32"
+        else:
+            wc, mode = wt, precision
         y = _C.TileTensor([m, n], [x2.tile_shape[0], wt.tile_shape[0]], "float32", "linear.y")
-        _C.gemm(False, x2, True, wt, y, 1.0, 0.0, precision)
+        _C.gemm(False, x2, True, wc, y, 1.0, 0.0, mode)
         if bias is not None:
             _C.bias_add(bias.tiles, y)
-        ctx.x2, ctx.wt, ctx.has_bias = x2, wt, bias is not None
+        ctx.x2, ctx.wt, ctx.wc, ctx.mode, ctx.has_bias = x2, wt, wc, mode, bias is not None
         ctx.x_shape, ctx.x_device, ctx.saved_device = x.shape, x.device, weight.device
         ctx.batch_tile, ctx.precision = batch_tile, precision
         return TileTensor(y, (*x.shape[:-1], n), x.device)
 
     @staticmethod
     def backward(ctx, dy):
-        x2, wt, p = ctx.x2, ctx.wt, ctx.precision
+        x2, wt, wc, mode = ctx.x2, ctx.wt, ctx.wc, ctx.mode
         dy2 = as_matrix_tiles(dy, ctx.batch_tile, wt.tile_shape[0])
+        dyc = to_bf16(dy2) if ctx.precision == "bf16" else dy2
         dx = dw = db = None
         if ctx.needs_input_grad[0]:
             g = _C.TileTensor(list(x2.shape), list(x2.tile_shape), "float32", "linear.dx")
-            _C.gemm(False, dy2, False, wt, g, 1.0, 0.0, p)
+            _C.gemm(False, dyc, False, wc, g, 1.0, 0.0, mode)
             dx = TileTensor(g, ctx.x_shape, ctx.x_device)
         if ctx.needs_input_grad[1]:
             g = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "linear.dw")
-            _C.gemm(True, dy2, False, x2, g, 1.0, 0.0, p)
+            _C.gemm(True, dyc, False, x2, g, 1.0, 0.0, mode)
             dw = TileTensor(g, wt.shape, ctx.saved_device)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             g = _C.TileTensor([wt.shape[0]], [wt.tile_shape[0]], "float32", "linear.db")

@@ -158,3 +158,22 @@ def test_stacked_layers_stay_asynchronous(device):
     assert max_err(y, r2(r1(x))) < 1e-5
     assert max_err(l1.weight.grad, r1.weight.grad) < 1e-4
     assert nt.stats()["blocking_waits"] > after["blocking_waits"]
+
+
+def test_bf16_weight_copy_follows_updates(device):
+    """bf16 matmuls read a bf16 copy of the weight; it must be remade after the weight changes."""
+    ours, ref = make_pair(37, 53, True, 16, 8, device, "bf16")
+    x = torch.randn(3, 11, 37, device=device)
+
+    def expected(layer):
+        w, b = layer.weight.detach(), layer.bias.detach()
+        return torch.nn.functional.linear(x.bfloat16().float(), w.bfloat16().float(), b)
+
+    assert max_err(ours(x), expected(ref)) < 1e-5
+    opt = nt.optim.AdamW(ours.parameters(), lr=0.1)
+    ours(x).sum().backward()
+    opt.step()
+    with torch.no_grad():
+        ref.load_state_dict(ours.state_dict())
+    assert max_err(ours.weight, ref.weight) == 0
+    assert max_err(ours(x), expected(ref)) < 1e-5

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import nntile_torch as nt
+from conftest import device  # noqa: F401  (fixture)
 
 
 @pytest.mark.parametrize("shape,tile", [
@@ -63,3 +64,21 @@ def test_copy_between_tilings():
     tb = nt.TileTensor.empty((9, 5), (3, 3))
     tb.copy_(ta)
     assert torch.equal(tb.materialize(), a)
+
+
+def test_convert_to_bf16_rounds_like_torch(device):
+    x = torch.randn(37, 21, device=device)
+    x[0, :4] = torch.tensor([1.00390625, 1.01171875, float("nan"), float("inf")])  # ties to even, nan, inf
+    t = nt.TileTensor.from_dense(x, (16, 8))
+    b = nt._C.TileTensor([37, 21], [16, 8], "bfloat16", "")
+    nt._C.convert(t.tiles, b)
+    got = nt.TileTensor(b, device=device).materialize()
+    assert got.dtype == torch.bfloat16
+    want = x.bfloat16()
+    assert torch.equal(got.isnan(), want.isnan())
+    ok = ~want.isnan()
+    assert torch.equal(got[ok].view(torch.int16), want[ok].view(torch.int16))  # bit for bit
+    back = nt._C.TileTensor([37, 21], [16, 8], "float32", "")
+    nt._C.convert(b, back)
+    widened = nt.TileTensor(back, device=device).materialize()
+    assert torch.allclose(widened, x.bfloat16().float(), rtol=0, atol=0, equal_nan=True)

@@ -18,6 +18,8 @@ void submit_bias_grad(int64_t m, int64_t n, starpu_data_handle_t dy, float beta,
 // y = alpha x + beta y over n values (y only written when beta == 0).
 void submit_add(int64_t n, float alpha, starpu_data_handle_t x, float beta, starpu_data_handle_t y);
 
+// dst = src converted to dst_type (float32 <-> bfloat16, round to nearest even), n values.
+void submit_convert(int64_t n, DType src_type, starpu_data_handle_t src, DType dst_type, starpu_data_handle_t dst);
 // One AdamW step on a parameter tile; init_state zeroes the state tiles first instead of reading them.
 void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, starpu_data_handle_t grad,
                   starpu_data_handle_t param, starpu_data_handle_t exp_avg, starpu_data_handle_t exp_avg_sq);

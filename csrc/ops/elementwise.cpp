@@ -45,4 +45,15 @@ void add(float alpha, TileTensor &x, float beta, TileTensor &y) {
     y.bump_version();
 }
 
+void convert(TileTensor &src, TileTensor &dst) {
+    NNTILE_CHECK(src.shape() == dst.shape() && src.tile_shape() == dst.tile_shape(),
+                 "convert: tensors must have the same shape and tiles");
+    for (int64_t t = 0; t < dst.ntiles(); ++t) {
+        int64_t n = 1;
+        for (auto e : dst.tile_extents(t)) n *= e;
+        codelets::submit_convert(n, src.dtype(), src.handle(t), dst.dtype(), dst.handle(t));
+    }
+    dst.bump_version();
+}
+
 }  // namespace nntile::ops

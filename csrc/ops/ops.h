@@ -15,6 +15,8 @@ void bias_grad(TileTensor &dy, TileTensor &db, float beta);
 // y = alpha x + beta y, tile by tile (same tiling).
 void add(float alpha, TileTensor &x, float beta, TileTensor &y);
 
+// dst = src in dst's element type (same shape and tiles).
+void convert(TileTensor &src, TileTensor &dst);
 // One AdamW step over all tiles of a parameter (grad, exp_avg, exp_avg_sq share its tiling). Scalars are
 // those torch.optim.AdamW uses at this step; init_state: the state tensors have never been written.
 void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor &exp_avg_sq, double lr, double beta1,
