@@ -33,6 +33,14 @@ for step in "$@"; do
       for a in "--tile 8192" "--no-bias" "--tile 2048" "--precision fp32 --reps 3"; do
         python3 -m benchmarks.linear $a 2>&1 | tee -a "$OUT/linear_variants.log" | tail -1
       done; rc=0 ;;
+    ab)  # before/after in one run: the tree in .carry/old (e.g. git archive REV | tar -x -C .carry/old) vs this one
+      (cd .carry/old && MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build_old.log" 2>&1) || echo "old build failed"
+      for prec in bf16 tf32; do
+        for side in old new; do
+          dir=.; [ $side = old ] && dir=.carry/old
+          (cd $dir && python3 -m benchmarks.linear --precision $prec 2>&1) | sed "s/^/$side: /" | tee -a "$OUT/ab.log" | tail -1
+        done
+      done; rc=0 ;;
     mlp) python3 -m nntile_torch.examples.mlp --steps 100 --out "$OUT/mlp" 2>&1 | tr '\r' '\n' | tail -3; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
