@@ -5,6 +5,7 @@ from . import _C
 from .runtime import info, init, is_running, shutdown, stats, synchronize
 from .tensor import TileTensor
 from . import nn, optim  # noqa: E402  (need the runtime and TileTensor)
+from .convert import convert  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["init", "shutdown", "info", "stats", "synchronize", "is_running", "TileTensor", "nn", "optim"]
+__all__ = ["init", "shutdown", "info", "stats", "synchronize", "is_running", "TileTensor", "nn", "optim", "convert"]

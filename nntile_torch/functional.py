@@ -41,8 +41,9 @@ def weight_bf16(weight):
 
 
 class LinearFunction(torch.autograd.Function):
-    """y = x @ weight.T + bias with x (..., K), weight (N, K) tiled (t, t), bias (N,) tiled (t,); y (..., N) as
-    tiles (rows, t) of the matrix (prod(...), N).
+    """y = x @ weight.T + bias, with weight (N, K) tiled (t, t); or, with w_in_out (Hugging Face's Conv1D),
+    y = x @ weight + bias with weight (K, N). x (..., K); bias (N,) tiled (t,); y (..., N) as tiles (rows, t)
+    of the matrix (prod(...), N).
 
     precision "bf16": the matmuls read bf16 tiles (x, dy, and a bf16 copy of the weight kept per weight version)
     and accumulate into fp32 tiles; x is kept for backward in bf16, as autocast does. "fp32"/"tf32": fp32 tiles,
@@ -50,40 +51,44 @@ class LinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, batch_tile, precision):
+    def forward(ctx, x, weight, bias, batch_tile, precision, w_in_out=False):
         wt = weight.tiles
-        tile = wt.tile_shape[1]
-        x2 = as_matrix_tiles(x, batch_tile, tile)
-        m, n = x2.shape[0], wt.shape[0]
+        k_dim, n_dim = (0, 1) if w_in_out else (1, 0)
+        x2 = as_matrix_tiles(x, batch_tile, wt.tile_shape[k_dim])
+        m, n = x2.shape[0], wt.shape[n_dim]
         if precision == "bf16":
             x2, wc, mode = to_bf16(x2), weight_bf16(weight), "fp32"
         else:
             wc, mode = wt, precision
-        y = _C.TileTensor([m, n], [x2.tile_shape[0], wt.tile_shape[0]], "float32", "linear.y")
-        _C.gemm(False, x2, True, wc, y, 1.0, 0.0, mode)
+        y = _C.TileTensor([m, n], [x2.tile_shape[0], wt.tile_shape[n_dim]], "float32", "linear.y")
+        _C.gemm(False, x2, not w_in_out, wc, y, 1.0, 0.0, mode)
         if bias is not None:
             _C.bias_add(bias.tiles, y)
-        ctx.x2, ctx.wt, ctx.wc, ctx.mode, ctx.has_bias = x2, wt, wc, mode, bias is not None
+        ctx.x2, ctx.wt, ctx.wc, ctx.mode, ctx.has_bias, ctx.w_in_out = x2, wt, wc, mode, bias is not None, w_in_out
         ctx.x_shape, ctx.x_device, ctx.saved_device = x.shape, x.device, weight.device
-        ctx.batch_tile, ctx.precision = batch_tile, precision
+        ctx.batch_tile, ctx.precision, ctx.n_dim = batch_tile, precision, n_dim
         return TileTensor(y, (*x.shape[:-1], n), x.device)
 
     @staticmethod
     def backward(ctx, dy):
-        x2, wt, wc, mode = ctx.x2, ctx.wt, ctx.wc, ctx.mode
-        dy2 = as_matrix_tiles(dy, ctx.batch_tile, wt.tile_shape[0])
+        x2, wt, wc, mode, io = ctx.x2, ctx.wt, ctx.wc, ctx.mode, ctx.w_in_out
+        n, n_tile = wt.shape[ctx.n_dim], wt.tile_shape[ctx.n_dim]
+        dy2 = as_matrix_tiles(dy, ctx.batch_tile, n_tile)
         dyc = to_bf16(dy2) if ctx.precision == "bf16" else dy2
         dx = dw = db = None
-        if ctx.needs_input_grad[0]:
+        if ctx.needs_input_grad[0]:  # dx = dy W (N, K layout) or dy W^T (K, N layout)
             g = _C.TileTensor(list(x2.shape), list(x2.tile_shape), "float32", "linear.dx")
-            _C.gemm(False, dyc, False, wc, g, 1.0, 0.0, mode)
+            _C.gemm(False, dyc, io, wc, g, 1.0, 0.0, mode)
             dx = TileTensor(g, ctx.x_shape, ctx.x_device)
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1]:  # dW = dy^T x (N, K) or x^T dy (K, N)
             g = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "linear.dw")
-            _C.gemm(True, dyc, False, x2, g, 1.0, 0.0, mode)
+            if io:
+                _C.gemm(True, x2, False, dyc, g, 1.0, 0.0, mode)
+            else:
+                _C.gemm(True, dyc, False, x2, g, 1.0, 0.0, mode)
             dw = TileTensor(g, wt.shape, ctx.saved_device)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            g = _C.TileTensor([wt.shape[0]], [wt.tile_shape[0]], "float32", "linear.db")
+            g = _C.TileTensor([n], [n_tile], "float32", "linear.db")
             _C.bias_grad(dy2, g, 0.0)
-            db = TileTensor(g, [wt.shape[0]], ctx.saved_device)
-        return dx, dw, db, None, None
+            db = TileTensor(g, [n], ctx.saved_device)
+        return dx, dw, db, None, None, None

@@ -14,7 +14,7 @@ if command -v apt-get >/dev/null; then
 fi
 py=${PYTHON:-python3}
 # torch 2.14.1 is a CUDA build, so the CUDA sources compile even on a machine without a GPU.
-$py -m pip install -q --disable-pip-version-check "${NNTILE_TORCH_SPEC:-torch==2.14.1}" numpy pytest tqdm matplotlib \
+$py -m pip install -q --disable-pip-version-check "${NNTILE_TORCH_SPEC:-torch==2.14.1}" numpy pytest tqdm matplotlib transformers==5.17.0 \
   ninja setuptools wheel 2>&1 | grep -v -e "^WARNING: Location" -e "Running pip as the 'root'" || true
 bash scripts/install_starpu.sh
 mkdir -p build

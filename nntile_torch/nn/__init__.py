@@ -1,4 +1,4 @@
 """Drop-in replacements for torch.nn modules, executed as tile tasks."""
-from .linear import Linear
+from .linear import Conv1D, Linear
 
-__all__ = ["Linear"]
+__all__ = ["Linear", "Conv1D"]

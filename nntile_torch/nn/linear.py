@@ -12,6 +12,7 @@ from ..tensor import TileTensor
 
 
 class Linear(nn.Module):
+    _w_in_out = False  # weight stored (out_features, in_features), as torch.nn.Linear
     """y = x @ weight.T + bias, like torch.nn.Linear.
 
     Args as torch.nn.Linear (in_features, out_features, bias, device, dtype; only float32 parameters), plus
@@ -66,7 +67,8 @@ class Linear(nn.Module):
         if x.numel() == 0:
             raise ValueError(f"Linear got an empty input of shape {tuple(x.shape)}")
         ensure_init()
-        return LinearFunction.apply(x, self.weight, self.bias, self.batch_tile_size, self.precision)
+        return LinearFunction.apply(x, self.weight, self.bias, self.batch_tile_size, self.precision,
+                                    self._w_in_out)
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
@@ -77,3 +79,39 @@ class Linear(nn.Module):
         for name, p in self._parameters.items():
             if p is not None:
                 destination[prefix + name] = p if keep_vars else p.materialize().clone()
+
+
+class Conv1D(Linear):
+    """Drop-in for Hugging Face's transformers Conv1D (GPT-2's projections): y = x @ weight + bias with
+    weight (nx, nf) = (in, out), i.e. the transpose of nn.Linear's layout; bias (nf,). Constructor
+    Conv1D(nf, nx) as in transformers, plus the tile/precision keywords of Linear.
+    """
+    _w_in_out = True
+
+    def __init__(self, nf, nx, device=None, dtype=None, *, tile_size=None, batch_tile_size=None, precision="fp32"):
+        nn.Module.__init__(self)
+        for name, v in (("nf", nf), ("nx", nx)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{name} must be a positive int (got {v!r})")
+        if dtype not in (None, torch.float32):
+            raise TypeError(f"nntile_torch.nn.Conv1D keeps float32 parameters (got dtype={dtype})")
+        self.nf, self.nx = nf, nx
+        self.in_features, self.out_features = nx, nf
+        self.tile_size = config.check_tile(tile_size, "tile_size") or config.DEFAULT_TILE_SIZE
+        self.batch_tile_size = config.check_tile(batch_tile_size, "batch_tile_size") or config.DEFAULT_BATCH_TILE_SIZE
+        self.precision = config.check_precision(precision)
+        t = self.tile_size
+        self.weight = nn.Parameter(TileTensor.empty((nx, nf), (t, t), device, name="weight"))
+        self.bias = nn.Parameter(TileTensor.empty((nf,), (t,), device, name="bias"))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        # As transformers' Conv1D: weight ~ N(0, 0.02), bias 0.
+        w = torch.empty(self.nx, self.nf)
+        nn.init.normal_(w, std=0.02)
+        with torch.no_grad():
+            self.weight.copy_(w)
+            self.bias.copy_(torch.zeros(self.nf))
+
+    def extra_repr(self):
+        return f"nf={self.nf}, nx={self.nx}, tile_size={self.tile_size}, precision={self.precision!r}"

@@ -1,0 +1,159 @@
+"""convert(): Hugging Face GPT-2 and a nanoGPT-style model against their unconverted selves: logits, loss, every
+gradient, state_dict, weight ties, 20 AdamW steps."""
+import copy
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import nntile_torch as nt
+from conftest import assert_close_as_torch, max_err
+
+transformers = pytest.importorskip("transformers", reason="transformers is installed by scripts/setup.sh")
+
+
+def gpt2(device, n_layer=3, n_embd=96, n_head=6, vocab=1000, n_positions=64, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab,
+                                  n_positions=n_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).to(device)
+
+
+class NanoBlock(nn.Module):
+    def __init__(self, c, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln_1, self.ln_2 = nn.LayerNorm(c), nn.LayerNorm(c)
+        self.c_attn, self.c_proj = nn.Linear(c, 3 * c), nn.Linear(c, c)
+        self.fc, self.proj = nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(c, dim=2)
+        q, k, v = (z.reshape(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))  # (B, nh, T, hs)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.c_proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.proj(nn.functional.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+
+class NanoGPT(nn.Module):
+    """A nanoGPT-style model from torch.nn modules only."""
+
+    def __init__(self, vocab=1000, block=64, c=96, heads=6, layers=2):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, c), nn.Embedding(block, c)
+        self.h = nn.ModuleList(NanoBlock(c, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(c)
+        self.lm_head = nn.Linear(c, vocab, bias=False)
+        self.wte.weight = self.lm_head.weight  # tied
+
+    def forward(self, idx, targets):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
+        for blk in self.h:
+            x = blk(x)
+        logits = self.lm_head(self.ln_f(x))
+        return logits, nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def hf_step(model, ids):
+    out = model(ids, labels=ids)
+    grads = torch.autograd.grad(out.loss, list(model.parameters()))
+    return out.logits, out.loss, grads
+
+
+def nano_step(model, ids):
+    logits, loss = model(ids[:, :-1], ids[:, 1:])
+    return logits, loss, torch.autograd.grad(loss, list(model.parameters()))
+
+
+@pytest.mark.parametrize("kind", ["hf-gpt2", "nanogpt"])
+def test_fp32_logits_loss_and_gradients_match(device, kind):
+    """Within float32 rounding: at most twice torch's own float32 error against a float64 run (plus ulps)."""
+    torch.manual_seed(0)
+    if kind == "hf-gpt2":
+        ref, step = gpt2(device), hf_step
+    else:
+        ref, step = NanoGPT().to(device), nano_step
+    ours = nt.convert(copy.deepcopy(ref), tile_size=40, batch_tile_size=16)  # 40 divides none of 96, 288, 1000
+    ref64 = copy.deepcopy(ref).double()
+    ids = torch.randint(0, 1000, (3, 37), device=device)
+    lo, so, go = step(ours, ids)
+    lr, sr, gr = step(ref, ids)
+    l64, s64, g64 = step(ref64, ids)
+    assert_close_as_torch(lo, lr, l64, what="logits")
+    assert_close_as_torch(so, sr, s64, what="loss")
+    names = [n for n, _ in ref.named_parameters()]
+    assert names == [n for n, _ in ours.named_parameters()]
+    for name, a, b, c in zip(names, go, gr, g64):
+        assert_close_as_torch(a, b, c, what=f"grad {name}")
+
+
+def test_structure_state_dict_and_ties(device):
+    ref = gpt2(device)
+    ours = nt.convert(copy.deepcopy(ref), tile_size=40)
+    assert isinstance(ours.transformer.h[0].attn.c_attn, nt.nn.Conv1D)
+    assert isinstance(ours.lm_head, nt.nn.Linear)
+    assert ours.lm_head.weight is ours.transformer.wte.weight
+    sd, rsd = ours.state_dict(), ref.state_dict()
+    assert list(sd) == list(rsd)
+    for k in rsd:
+        assert type(sd[k]) is torch.Tensor and sd[k].shape == rsd[k].shape and torch.equal(sd[k], rsd[k]), k
+    fresh = gpt2(device, seed=5)
+    fresh.load_state_dict(ours.state_dict())
+    ids = torch.randint(0, 1000, (2, 20), device=device)
+    assert torch.equal(fresh(ids).logits, ref(ids).logits)
+
+
+def test_twenty_adamw_steps_match_torch(device):
+    ref = gpt2(device, n_layer=2, n_positions=32)
+    ours = nt.convert(copy.deepcopy(ref), tile_size=40, batch_tile_size=16)
+    ref64 = copy.deepcopy(ref).double()
+    kw = dict(lr=3e-3, weight_decay=0.01)
+    opts = [nt.optim.AdamW(ours.parameters(), **kw), torch.optim.AdamW(ref.parameters(), foreach=False, **kw),
+            torch.optim.AdamW(ref64.parameters(), foreach=False, **kw)]
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, 1000, (3, 23), generator=g).to(device) for _ in range(20)]
+    losses = [[], [], []]
+    for ids in data:
+        for model, opt, log in zip((ours, ref, ref64), opts, losses):
+            opt.zero_grad()
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            log.append(loss.item())
+    err = lambda a: max(abs(x - y) for x, y in zip(a, losses[2]))  # noqa: E731
+    assert err(losses[0]) <= 2 * err(losses[1]) + 1e-6, (losses[0], losses[1])
+    assert losses[0][-1] < losses[0][0]
+    for (name, a), b, c in zip(ours.state_dict().items(), ref.state_dict().values(), ref64.state_dict().values()):
+        e_ours, e_ref = (a.double() - c).norm().item(), (b.double() - c).norm().item()
+        assert e_ours <= 4 * e_ref + 1e-6 * c.norm().item(), name  # 4x: see test_adamw.py
+
+
+def test_bad_input_raises_and_leaves_model_unchanged(device):
+    ours = nt.convert(gpt2(device), tile_size=40)
+    opt = nt.optim.AdamW(ours.parameters(), lr=1e-2)
+    before = copy.deepcopy(ours.state_dict())
+    bad = [torch.full((2, 5), 1000, device=device),                 # token id >= vocab
+           torch.randint(0, 1000, (1, 65), device=device),          # longer than n_positions
+           torch.rand(2, 5, device=device)]                         # float input_ids
+    for ids in bad:
+        opt.zero_grad()
+        with pytest.raises((IndexError, RuntimeError, ValueError, TypeError)):
+            loss = ours(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+    after = ours.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    ids = torch.randint(0, 1000, (2, 9), device=device)
+    assert math.isfinite(ours(ids, labels=ids).loss.item())
+
+
+def test_convert_rejects_bad_arguments():
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        nt.convert("gpt2")
+    with pytest.raises(ValueError, match="precision"):
+        nt.convert(nn.Linear(3, 3), precision="fp16")
+    with pytest.raises(TypeError, match="float32"):
+        nt.convert(nn.Sequential(nn.Linear(3, 3).double()))
