@@ -126,6 +126,12 @@ PYBIND11_MODULE(_C, m) {
     m.def("bias_add", &ops::bias_add, py::arg("b"), py::arg("y"));
     m.def("bias_grad", &ops::bias_grad, py::arg("dy"), py::arg("db"), py::arg("beta") = 0.f);
     m.def("add", &ops::add, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"));
+    m.def("gelu_forward", &ops::gelu_forward, py::arg("x"), py::arg("y"), py::arg("tanh_approx"));
+    m.def("gelu_backward", &ops::gelu_backward, py::arg("dy"), py::arg("x"), py::arg("dx"), py::arg("tanh_approx"));
+    m.def("layer_norm_forward", &ops::layer_norm_forward, py::arg("x"), py::arg("weight"), py::arg("bias"),
+          py::arg("eps"), py::arg("y"), py::arg("mean"), py::arg("rstd"));
+    m.def("layer_norm_backward", &ops::layer_norm_backward, py::arg("dy"), py::arg("x"), py::arg("mean"),
+          py::arg("rstd"), py::arg("weight"), py::arg("dx"), py::arg("dweight"), py::arg("dbias"));
     m.def("convert", &ops::convert, py::arg("src"), py::arg("dst"));
     m.def("adamw", &ops::adamw, py::arg("grad"), py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
           py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),

@@ -100,6 +100,25 @@ const RuntimeConfig &runtime_config() { return config; }
 int disk_node() { return disk_node_id; }
 void add_shutdown_hook(std::function<void(bool)> hook) { hooks().push_back(std::move(hook)); }
 
+namespace {
+std::mutex task_error_mutex;
+std::string task_error;  // first failure since the last raise
+}  // namespace
+
+void record_task_error(const char *op, const char *what) {
+    std::lock_guard<std::mutex> lock(task_error_mutex);
+    if (task_error.empty()) task_error = std::string("a ") + op + " task failed: " + what;
+}
+
+void raise_task_error() {
+    std::string msg;
+    {
+        std::lock_guard<std::mutex> lock(task_error_mutex);
+        msg.swap(task_error);
+    }
+    NNTILE_CHECK(msg.empty(), msg << " (results written by that task are undefined)");
+}
+
 void count_task() { n_tasks.fetch_add(1, std::memory_order_relaxed); }
 void count_wait() { n_waits.fetch_add(1, std::memory_order_relaxed); }
 int64_t tasks_submitted() { return n_tasks.load(); }
@@ -109,6 +128,7 @@ void wait_all() {
     NNTILE_CHECK(running, "StarPU runtime is not running");
     count_wait();
     NNTILE_STARPU_CHECK(starpu_task_wait_for_all(), "starpu_task_wait_for_all");
+    raise_task_error();
 }
 
 }  // namespace nntile

@@ -27,6 +27,10 @@ int disk_node();  // -1 without a disk node
 // Called first thing in runtime_shutdown(), while StarPU still runs (tile tensors save and drop handles).
 void add_shutdown_hook(std::function<void(bool keep_data)> hook);
 
+// A task that failed records its error here; the next wait in the main thread raises it (and clears it).
+void record_task_error(const char *op, const char *what);
+void raise_task_error();
+
 void count_task();
 void count_wait();
 int64_t tasks_submitted();

@@ -1,14 +1,16 @@
 """convert(): swaps, in place, a model's matmul modules for tile-task ones, keeping parameter names, shapes,
 state_dict keys and weight ties.
 
-Swapped now: torch.nn.Linear -> nntile_torch.nn.Linear, transformers' Conv1D (GPT-2) -> nntile_torch.nn.Conv1D.
+Swapped now: torch.nn.Linear -> nntile_torch.nn.Linear, transformers' Conv1D (GPT-2) -> nntile_torch.nn.Conv1D,
+torch.nn.LayerNorm (last dim, with weight and bias) -> nntile_torch.nn.LayerNorm, torch.nn.GELU and transformers'
+NewGELUActivation / GELUActivation -> nntile_torch.nn.GELU.
 Every other module keeps running as torch code on materialized TileTensors (correct, with host waits).
 """
 import torch
 from torch import nn
 
 from . import config
-from .nn import Conv1D, Linear
+from .nn import GELU, Conv1D, LayerNorm, Linear
 from .runtime import ensure_init
 from .tensor import TileTensor
 
@@ -25,19 +27,34 @@ def _check_dense_float32(name, m):
                             "(load the model in float32 and pick precision='bf16' for bf16 matmuls)")
 
 
+_HF_GELU = {"NewGELUActivation": "tanh", "GELUTanh": "tanh", "PytorchGELUTanh": "tanh", "GELUActivation": "none"}
+
+
+def _swappable(m):
+    if type(m) is nn.Linear or _is_hf_conv1d(m):
+        return True
+    if type(m) is nn.LayerNorm:
+        return len(m.normalized_shape) == 1 and m.weight is not None and m.bias is not None
+    return type(m) is nn.GELU or type(m).__name__ in _HF_GELU
+
+
 def _swap(m, kw):
+    tiles = dict(tile_size=kw["tile_size"], batch_tile_size=kw["batch_tile_size"])
     if type(m) is nn.Linear:
-        new = Linear(m.in_features, m.out_features, bias=m.bias is not None, device=m.weight.device, **kw)
-    elif _is_hf_conv1d(m):
-        new = Conv1D(m.nf, m.weight.shape[0], device=m.weight.device, **kw)
-    else:
-        return None
-    return new
+        return Linear(m.in_features, m.out_features, bias=m.bias is not None, device=m.weight.device, **kw)
+    if _is_hf_conv1d(m):
+        return Conv1D(m.nf, m.weight.shape[0], device=m.weight.device, **kw)
+    if type(m) is nn.LayerNorm:
+        return LayerNorm(m.normalized_shape, eps=m.eps, device=m.weight.device,
+                         batch_tile_size=kw["batch_tile_size"])
+    if type(m) is nn.GELU:
+        return GELU(m.approximate, **tiles)
+    return GELU(_HF_GELU[type(m).__name__], **tiles)
 
 
 def convert(model, precision="fp32", tile_size=None, batch_tile_size=None):
-    """Swaps, in place, model's nn.Linear and Hugging Face Conv1D modules for nntile_torch ones and returns
-    model. Parameters keep their names, shapes, values, requires_grad and ties (a weight shared by several
+    """Swaps, in place, model's nn.Linear, Hugging Face Conv1D, nn.LayerNorm and GELU modules for nntile_torch
+    ones (see the module docstring) and returns model. Parameters keep their names, shapes, values, requires_grad and ties (a weight shared by several
     modules, such as GPT-2's token embedding and LM head, stays one Parameter).
 
     precision: "fp32" (exact), "tf32" or "bf16" for the matmuls; tile_size / batch_tile_size: tile edges in
@@ -55,7 +72,7 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None):
     for name, m in model.named_modules():
         for cname, child in m.named_children():
             full = f"{name}.{cname}" if name else cname
-            if type(child) is nn.Linear or _is_hf_conv1d(child):
+            if _swappable(child):
                 _check_dense_float32(full, child)
                 plan.append((m, cname, child))
     for parent, cname, old in plan:

@@ -92,3 +92,64 @@ class LinearFunction(torch.autograd.Function):
             _C.bias_grad(dy2, g, 0.0)
             db = TileTensor(g, [n], ctx.saved_device)
         return dx, dw, db, None, None, None
+
+
+def tiles_like(tiles, value, shape):
+    """value (dense or TileTensor) as C++ tiles with the shape and tiling of `tiles`."""
+    if isinstance(value, TileTensor) and value.tiles.same_tiling(tiles):
+        return value.tiles
+    dense = value.materialize() if isinstance(value, TileTensor) else value
+    t = _C.TileTensor(list(tiles.shape), list(tiles.tile_shape), "float32", "")
+    t.from_dense(dense.detach().reshape(tuple(tiles.shape)))
+    return t
+
+
+class GeluFunction(torch.autograd.Function):
+    """y = gelu(x) elementwise ("none": erf form, "tanh": GPT-2's approximation). A TileTensor x keeps its own
+    tiles; a dense x (..., N) is tiled as the matrix (prod(...), N) in tiles (batch_tile, tile)."""
+
+    @staticmethod
+    def forward(ctx, x, approximate, batch_tile, tile):
+        xt = x.tiles if isinstance(x, TileTensor) else as_matrix_tiles(x, batch_tile, tile)
+        y = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "gelu.y")
+        _C.gelu_forward(xt, y, approximate == "tanh")
+        ctx.xt, ctx.tanh, ctx.x_shape, ctx.x_device = xt, approximate == "tanh", x.shape, x.device
+        return TileTensor(y, x.shape, x.device)
+
+    @staticmethod
+    def backward(ctx, dy):
+        xt = ctx.xt
+        dx = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "gelu.dx")
+        _C.gelu_backward(tiles_like(xt, dy, xt.shape), xt, dx, ctx.tanh)
+        return TileTensor(dx, ctx.x_shape, ctx.x_device), None, None, None
+
+
+class LayerNormFunction(torch.autograd.Function):
+    """LayerNorm over the last dim C of x (..., C), seen as the matrix (prod(...), C) in tiles of whole rows
+    (batch_tile, C); weight and bias (C,) are one tile each. A TileTensor x already tiled that way is used as
+    it is (its row tile wins); any other x is copied into such tiles."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, batch_tile):
+        c = x.shape[-1]
+        if isinstance(x, TileTensor) and len(x.tiles.shape) == 2 and x.tiles.grid[1] == 1:
+            batch_tile = x.tiles.tile_shape[0]
+        xt = as_matrix_tiles(x, batch_tile, c)
+        m, bt = xt.shape[0], xt.tile_shape[0]
+        y = _C.TileTensor([m, c], [bt, c], "float32", "layer_norm.y")
+        mean = _C.TileTensor([m], [bt], "float32", "layer_norm.mean")
+        rstd = _C.TileTensor([m], [bt], "float32", "layer_norm.rstd")
+        _C.layer_norm_forward(xt, weight.tiles, bias.tiles, float(eps), y, mean, rstd)
+        ctx.saved = (xt, mean, rstd, weight.tiles)
+        ctx.x_shape, ctx.x_device, ctx.w_device = x.shape, x.device, weight.device
+        return TileTensor(y, x.shape, x.device)
+
+    @staticmethod
+    def backward(ctx, dy):
+        xt, mean, rstd, wt = ctx.saved
+        dx = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "layer_norm.dx")
+        dw = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "layer_norm.dw")
+        db = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "layer_norm.db")
+        _C.layer_norm_backward(tiles_like(xt, dy, xt.shape), xt, mean, rstd, wt, dx, dw, db)
+        return (TileTensor(dx, ctx.x_shape, ctx.x_device), TileTensor(dw, wt.shape, ctx.w_device),
+                TileTensor(db, wt.shape, ctx.w_device), None, None)

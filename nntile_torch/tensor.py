@@ -118,19 +118,39 @@ def _detach(self):
     return _like(self, self._tiles)
 
 
+def _as_tiles_of(like, other):
+    """other as a TileTensor tiled like `like` (a TileTensor): itself when it already is, a copy of a dense
+    tensor of the same shape (no wait: fresh tiles), else None (broadcasting, other dtypes: left to torch)."""
+    if _same_tiles(like, other):
+        return other
+    if isinstance(other, torch.Tensor) and not isinstance(other, TileTensor) and other.shape == like.shape \
+            and other.dtype == torch.float32 and like.dtype == torch.float32:
+        t = like._tiles
+        tiles = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "")
+        tiles.from_dense(other.detach().reshape(tuple(t.shape)))
+        return _like(like, tiles)
+    return None
+
+
 def _add_(self, other, alpha=1):
-    if not _same_tiles(self, other):
+    # Gradient accumulation lands here (a dense gradient from torch code meeting a tiled one): stays tasks.
+    o = _as_tiles_of(self, other) if isinstance(self, TileTensor) else None
+    if o is None:
         return NotImplemented
-    _C.add(float(alpha), other._tiles, 1.0, self._tiles)
+    _C.add(float(alpha), o._tiles, 1.0, self._tiles)
     return self
 
 
 def _add(self, other, alpha=1):
-    if not _same_tiles(self, other):
+    if isinstance(self, TileTensor):
+        a, b = self, _as_tiles_of(self, other)
+    else:
+        a, b = _as_tiles_of(other, self), other
+    if a is None or b is None:
         return NotImplemented
-    new = _copy_tiles(self)
-    _C.add(float(alpha), other._tiles, 1.0, new)
-    return _like(self, new)
+    new = _copy_tiles(a)
+    _C.add(float(alpha), b._tiles, 1.0, new)
+    return _like(a, new)
 
 
 def _copy_(self, src, non_blocking=False):

@@ -95,6 +95,8 @@ def test_structure_state_dict_and_ties(device):
     ours = nt.convert(copy.deepcopy(ref), tile_size=40)
     assert isinstance(ours.transformer.h[0].attn.c_attn, nt.nn.Conv1D)
     assert isinstance(ours.lm_head, nt.nn.Linear)
+    assert isinstance(ours.transformer.h[0].ln_1, nt.nn.LayerNorm) and isinstance(ours.transformer.ln_f, nt.nn.LayerNorm)
+    assert isinstance(ours.transformer.h[0].mlp.act, nt.nn.GELU) and ours.transformer.h[0].mlp.act.approximate == "tanh"
     assert ours.lm_head.weight is ours.transformer.wte.weight
     sd, rsd = ours.state_dict(), ref.state_dict()
     assert list(sd) == list(rsd)

@@ -49,7 +49,7 @@ constexpr starpu_cuda_func_t adamw_cuda_func = nullptr;
 #endif
 
 starpu_codelet *cl_adamw() {
-    static starpu_codelet *cl = new_codelet("adamw", "nntile_adamw", adamw_cpu_func, adamw_cuda_func, adamw_footprint);
+    static starpu_codelet *cl = new_codelet<adamw_cpu_func, adamw_cuda_func>("adamw", "nntile_adamw", adamw_footprint);
     return cl;
 }
 

@@ -36,7 +36,7 @@ constexpr starpu_cuda_func_t add_cuda_func = nullptr;
 #endif
 
 starpu_codelet *cl_add() {
-    static starpu_codelet *cl = new_codelet("add", "nntile_add", add_cpu_func, add_cuda_func, add_footprint);
+    static starpu_codelet *cl = new_codelet<add_cpu_func, add_cuda_func>("add", "nntile_add", add_footprint);
     return cl;
 }
 

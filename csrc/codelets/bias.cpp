@@ -49,12 +49,12 @@ constexpr starpu_cuda_func_t bias_grad_cuda_func = nullptr;
 #endif
 
 starpu_codelet *cl_bias_add() {
-    static starpu_codelet *cl = new_codelet("bias_add", "nntile_bias_add", bias_add_cpu_func, bias_add_cuda_func, bias_footprint);
+    static starpu_codelet *cl = new_codelet<bias_add_cpu_func, bias_add_cuda_func>("bias_add", "nntile_bias_add", bias_footprint);
     return cl;
 }
 
 starpu_codelet *cl_bias_grad() {
-    static starpu_codelet *cl = new_codelet("bias_grad", "nntile_bias_grad", bias_grad_cpu_func, bias_grad_cuda_func, bias_footprint);
+    static starpu_codelet *cl = new_codelet<bias_grad_cpu_func, bias_grad_cuda_func>("bias_grad", "nntile_bias_grad", bias_footprint);
     return cl;
 }
 

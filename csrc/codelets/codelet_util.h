@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "../kernels/aten_tile.h"
 #include "../runtime.h"
 
 namespace nntile::codelets {
@@ -39,13 +40,41 @@ struct CodeletDef {
     starpu_codelet cl;
 };
 
-inline starpu_codelet *new_codelet(const char *name, const char *symbol, starpu_cpu_func_t cpu,
-                                   starpu_cuda_func_t cuda, uint32_t (*footprint)(starpu_task *)) {
+// Runs a codelet function; an exception (which would end the process on a worker thread) is recorded instead
+// and raised in the main thread at its next wait (runtime.h: raise_task_error).
+template <void (*F)(void **, void *)>
+void guarded(void *buffers[], void *cl_arg) {
+    try {
+        F(buffers, cl_arg);
+    } catch (const std::exception &e) {
+        starpu_task *task = starpu_task_get_current();
+        record_task_error(task && task->cl && task->cl->name ? task->cl->name : "nntile", e.what());
+    }
+}
+
+template <void (*F)(void **, void *)>
+constexpr void (*guarded_or_null())(void **, void *) {
+    if constexpr (F == nullptr)
+        return nullptr;
+    else
+        return guarded<F>;
+}
+
+// new_codelet<cpu, cuda>(name, symbol, footprint): CUDA function may be nullptr (CPU-only builds).
+template <starpu_cpu_func_t Cpu, starpu_cuda_func_t Cuda>
+starpu_codelet *new_codelet(const char *name, const char *symbol, uint32_t (*footprint)(starpu_task *)) {
     auto *d = new CodeletDef;
     init_perfmodel(d->model, symbol, footprint);
-    init_codelet(d->cl, name, cpu, cuda, &d->model);
+    init_codelet(d->cl, name, guarded_or_null<Cpu>(), guarded_or_null<Cuda>(), &d->model);
     return &d->cl;
 }
+
+// Where a task's ATen-based kernel runs: this CUDA worker's device and stream (CPU tasks use Where{}).
+#ifdef NNTILE_USE_CUDA
+inline kernels::Where where_cuda() {
+    return kernels::Where{true, starpu_worker_get_devid(starpu_worker_get_id()), (void *)starpu_cuda_get_local_stream()};
+}
+#endif
 
 template <class Args>
 inline const Args &args_of(starpu_task *task) {

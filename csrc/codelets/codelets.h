@@ -20,6 +20,19 @@ void submit_add(int64_t n, float alpha, starpu_data_handle_t x, float beta, star
 
 // dst = src converted to dst_type (float32 <-> bfloat16, round to nearest even), n values.
 void submit_convert(int64_t n, DType src_type, starpu_data_handle_t src, DType dst_type, starpu_data_handle_t dst);
+// y = gelu(x) and dx = dy * gelu'(x) over n values; tanh_approx selects GPT-2's tanh form.
+void submit_gelu_forward(int64_t n, bool tanh_approx, starpu_data_handle_t x, starpu_data_handle_t y);
+void submit_gelu_backward(int64_t n, bool tanh_approx, starpu_data_handle_t dy, starpu_data_handle_t x,
+                          starpu_data_handle_t dx);
+// LayerNorm of a tile of whole rows (m, c): y, mean (m), rstd (m) written. Backward writes dx and adds (beta 1)
+// or writes (beta 0) the weight and bias gradients (c).
+void submit_layer_norm_forward(int64_t m, int64_t c, float eps, starpu_data_handle_t x, starpu_data_handle_t weight,
+                               starpu_data_handle_t bias, starpu_data_handle_t y, starpu_data_handle_t mean,
+                               starpu_data_handle_t rstd);
+void submit_layer_norm_backward(int64_t m, int64_t c, starpu_data_handle_t dy, starpu_data_handle_t x,
+                                starpu_data_handle_t mean, starpu_data_handle_t rstd, starpu_data_handle_t weight,
+                                starpu_data_handle_t dx, starpu_data_handle_t dweight, starpu_data_handle_t dbias,
+                                float beta);
 // One AdamW step on a parameter tile; init_state zeroes the state tiles first instead of reading them.
 void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, starpu_data_handle_t grad,
                   starpu_data_handle_t param, starpu_data_handle_t exp_avg, starpu_data_handle_t exp_avg_sq);

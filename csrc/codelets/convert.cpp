@@ -37,7 +37,7 @@ constexpr starpu_cuda_func_t convert_cuda_func = nullptr;
 
 starpu_codelet *cl_convert() {
     static starpu_codelet *cl =
-        new_codelet("convert", "nntile_convert", convert_cpu_func, convert_cuda_func, convert_footprint);
+        new_codelet<convert_cpu_func, convert_cuda_func>("convert", "nntile_convert", convert_footprint);
     return cl;
 }
 

@@ -42,7 +42,7 @@ uint32_t gemm_footprint(starpu_task *task) {
 }
 
 starpu_codelet *cl_gemm() {
-    static starpu_codelet *cl = new_codelet("gemm", "nntile_gemm", gemm_cpu_func, gemm_cuda_func, gemm_footprint);
+    static starpu_codelet *cl = new_codelet<gemm_cpu_func, gemm_cuda_func>("gemm", "nntile_gemm", gemm_footprint);
     return cl;
 }
 

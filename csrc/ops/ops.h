@@ -15,6 +15,15 @@ void bias_grad(TileTensor &dy, TileTensor &db, float beta);
 // y = alpha x + beta y, tile by tile (same tiling).
 void add(float alpha, TileTensor &x, float beta, TileTensor &y);
 
+// y = gelu(x), dx = dy * gelu'(x), tile by tile (same tiling).
+void gelu_forward(TileTensor &x, TileTensor &y, bool tanh_approx);
+void gelu_backward(TileTensor &dy, TileTensor &x, TileTensor &dx, bool tanh_approx);
+// LayerNorm over the last dim of a 2-d (M, C) tensor whose tiles hold whole rows (one column tile).
+// mean, rstd: (M,) tiled like x's rows. Backward overwrites dweight and dbias (C,).
+void layer_norm_forward(TileTensor &x, TileTensor &weight, TileTensor &bias, float eps, TileTensor &y,
+                        TileTensor &mean, TileTensor &rstd);
+void layer_norm_backward(TileTensor &dy, TileTensor &x, TileTensor &mean, TileTensor &rstd, TileTensor &weight,
+                         TileTensor &dx, TileTensor &dweight, TileTensor &dbias);
 // dst = src in dst's element type (same shape and tiles).
 void convert(TileTensor &src, TileTensor &dst);
 // One AdamW step over all tiles of a parameter (grad, exp_avg, exp_avg_sq share its tiling). Scalars are

@@ -202,6 +202,7 @@ torch::Tensor TileTensor::to_dense(c10::optional<torch::Device> device) {
             sync_torch_stream(out);
         });
     }
+    raise_task_error();
     if (device && out.device() != *device) out = out.to(*device);  // a GPU no worker drives: via the host
     return out;
 }

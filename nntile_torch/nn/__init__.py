@@ -1,4 +1,5 @@
 """Drop-in replacements for torch.nn modules, executed as tile tasks."""
 from .linear import Conv1D, Linear
+from .norm_act import GELU, LayerNorm
 
-__all__ = ["Linear", "Conv1D"]
+__all__ = ["Linear", "Conv1D", "LayerNorm", "GELU"]

@@ -1,0 +1,100 @@
+// Codelets for LayerNorm forward and backward on a tile of whole rows (m, c).
+#include <cstdlib>
+
+#include "../kernels/layer_norm.h"
+#include "codelet_util.h"
+#include "codelets.h"
+
+namespace nntile::codelets {
+
+namespace {
+
+struct LayerNormArgs {
+    int64_t m, c;
+    float eps;
+    float beta;  // backward: 0 overwrites the weight/bias gradient accumulators, 1 adds
+};
+
+uint32_t layer_norm_footprint(starpu_task *task) {
+    const auto &a = args_of<LayerNormArgs>(task);
+    return hash_ints({a.m, a.c, a.beta == 0.f});
+}
+
+#define NNTILE_PTR(i) ((float *)STARPU_VECTOR_GET_PTR(buffers[i]))
+
+// Buffers: x, weight, bias, y, mean, rstd.
+template <bool Cuda>
+void fwd_func(void *buffers[], void *cl_arg) {
+    auto *a = static_cast<LayerNormArgs *>(cl_arg);
+    kernels::Where w;
+#ifdef NNTILE_USE_CUDA
+    if (Cuda) w = where_cuda();
+#endif
+    kernels::layer_norm_forward(w, a->m, a->c, a->eps, NNTILE_PTR(0), NNTILE_PTR(1), NNTILE_PTR(2), NNTILE_PTR(3),
+                                NNTILE_PTR(4), NNTILE_PTR(5));
+}
+
+// Buffers: dy, x, mean, rstd, weight, dx, dweight, dbias.
+template <bool Cuda>
+void bwd_func(void *buffers[], void *cl_arg) {
+    auto *a = static_cast<LayerNormArgs *>(cl_arg);
+    kernels::Where w;
+#ifdef NNTILE_USE_CUDA
+    if (Cuda) w = where_cuda();
+#endif
+    kernels::layer_norm_backward(w, a->m, a->c, NNTILE_PTR(0), NNTILE_PTR(1), NNTILE_PTR(2), NNTILE_PTR(3),
+                                 NNTILE_PTR(4), NNTILE_PTR(5), NNTILE_PTR(6), NNTILE_PTR(7), a->beta);
+}
+#undef NNTILE_PTR
+
+#ifdef NNTILE_USE_CUDA
+constexpr starpu_cuda_func_t fwd_cuda = fwd_func<true>, bwd_cuda = bwd_func<true>;
+#else
+constexpr starpu_cuda_func_t fwd_cuda = nullptr, bwd_cuda = nullptr;
+#endif
+
+starpu_codelet *cl_fwd() {
+    static starpu_codelet *cl =
+        new_codelet<fwd_func<false>, fwd_cuda>("layer_norm_forward", "nntile_layer_norm_forward", layer_norm_footprint);
+    return cl;
+}
+
+starpu_codelet *cl_bwd() {
+    static starpu_codelet *cl = new_codelet<bwd_func<false>, bwd_cuda>("layer_norm_backward", "nntile_layer_norm_backward", layer_norm_footprint);
+    return cl;
+}
+
+LayerNormArgs *make_args(int64_t m, int64_t c, float eps, float beta) {
+    auto *args = static_cast<LayerNormArgs *>(std::malloc(sizeof(LayerNormArgs)));
+    *args = LayerNormArgs{m, c, eps, beta};
+    return args;
+}
+
+}  // namespace
+
+void submit_layer_norm_forward(int64_t m, int64_t c, float eps, starpu_data_handle_t x, starpu_data_handle_t weight,
+                               starpu_data_handle_t bias, starpu_data_handle_t y, starpu_data_handle_t mean,
+                               starpu_data_handle_t rstd) {
+    NNTILE_STARPU_CHECK(
+        starpu_task_insert(cl_fwd(), STARPU_R, x, STARPU_R, weight, STARPU_R, bias, STARPU_W, y, STARPU_W, mean,
+                           STARPU_W, rstd, STARPU_CL_ARGS, make_args(m, c, eps, 0.f), sizeof(LayerNormArgs),
+                           STARPU_FLOPS, (double)(8 * m * c), STARPU_NAME, "layer_norm_forward", 0),
+        "submitting layer_norm_forward m=" << m << " c=" << c);
+    count_task();
+}
+
+void submit_layer_norm_backward(int64_t m, int64_t c, starpu_data_handle_t dy, starpu_data_handle_t x,
+                                starpu_data_handle_t mean, starpu_data_handle_t rstd, starpu_data_handle_t weight,
+                                starpu_data_handle_t dx, starpu_data_handle_t dweight, starpu_data_handle_t dbias,
+                                float beta) {
+    auto acc = beta == 0.f ? STARPU_W : STARPU_RW;
+    NNTILE_STARPU_CHECK(
+        starpu_task_insert(cl_bwd(), STARPU_R, dy, STARPU_R, x, STARPU_R, mean, STARPU_R, rstd, STARPU_R, weight,
+                           STARPU_W, dx, acc, dweight, acc, dbias, STARPU_CL_ARGS, make_args(m, c, 0.f, beta),
+                           sizeof(LayerNormArgs), STARPU_FLOPS, (double)(12 * m * c), STARPU_NAME,
+                           "layer_norm_backward", 0),
+        "submitting layer_norm_backward m=" << m << " c=" << c);
+    count_task();
+}
+
+}  // namespace nntile::codelets

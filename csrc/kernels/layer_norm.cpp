@@ -1,0 +1,38 @@
+// LayerNorm through ATen on tiles (CPU and CUDA).
+#include "layer_norm.h"
+
+namespace nntile::kernels {
+
+void layer_norm_forward(const Where &w, int64_t m, int64_t c, float eps, const float *x, const float *weight,
+                        const float *bias, float *y, float *mean, float *rstd) {
+    StreamScope scope(w);
+    std::optional<at::Tensor> wt, bt;
+    if (weight) wt = wrap(weight, {c}, w);
+    if (bias) bt = wrap(bias, {c}, w);
+    auto out = wrap(y, {m, c}, w), mu = wrap(mean, {m, 1}, w), rs = wrap(rstd, {m, 1}, w);
+    at::native_layer_norm_out(out, mu, rs, wrap(x, {m, c}, w), {c}, wt, bt, eps);
+}
+
+void layer_norm_backward(const Where &w, int64_t m, int64_t c, const float *dy, const float *x, const float *mean,
+                         const float *rstd, const float *weight, float *dx, float *dweight, float *dbias, float beta) {
+    StreamScope scope(w);
+    std::optional<at::Tensor> wt;
+    if (weight) wt = wrap(weight, {c}, w);
+    // ATen takes the bias only for the shape of its gradient; the weight has that shape.
+    auto grads = at::native_layer_norm_backward(wrap(dy, {m, c}, w), wrap(x, {m, c}, w), {c}, wrap(mean, {m, 1}, w),
+                                                wrap(rstd, {m, 1}, w), wt, wt,
+                                                {true, dweight != nullptr, dbias != nullptr});
+    wrap(dx, {m, c}, w).copy_(std::get<0>(grads));
+    auto accumulate = [&](float *acc, const at::Tensor &g) {
+        if (!acc) return;
+        auto a = wrap(acc, {c}, w);
+        if (beta == 0.f)
+            a.copy_(g);
+        else
+            a.add_(g);
+    };
+    accumulate(dweight, std::get<1>(grads));
+    accumulate(dbias, std::get<2>(grads));
+}
+
+}  // namespace nntile::kernels

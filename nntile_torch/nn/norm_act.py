@@ -1,0 +1,90 @@
+"""Drop-ins for torch.nn.LayerNorm and torch.nn.GELU executed as tile tasks."""
+import numbers
+
+import torch
+from torch import nn
+
+from .. import config
+from ..functional import GeluFunction, LayerNormFunction
+from ..runtime import ensure_init
+from ..tensor import TileTensor
+
+
+def _check_input(x, what):
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{what} expects a torch.Tensor (got {type(x).__name__})")
+    if x.dtype != torch.float32:
+        raise TypeError(f"{what} expects float32 input (got {x.dtype})")
+    if x.dim() == 0 or x.numel() == 0:
+        raise ValueError(f"{what} expects a non-empty input with at least one dimension (got {tuple(x.shape)})")
+
+
+class LayerNorm(nn.Module):
+    """torch.nn.LayerNorm over the last dimension, as tile tasks: x (*, C) -> y (*, C); weight, bias (C,).
+
+    Same constructor as torch.nn.LayerNorm (normalized_shape must name the last dimension alone;
+    elementwise_affine and bias must be True), plus batch_tile_size (rows per tile; each tile holds whole rows).
+    """
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None, *,
+                 batch_tile_size=None):
+        super().__init__()
+        if isinstance(normalized_shape, numbers.Integral):
+            normalized_shape = (normalized_shape,)
+        normalized_shape = tuple(normalized_shape)
+        if len(normalized_shape) != 1 or normalized_shape[0] <= 0:
+            raise ValueError(f"nntile_torch.nn.LayerNorm normalizes the last dimension alone: normalized_shape must "
+                             f"be one positive int (got {normalized_shape})")
+        if not elementwise_affine or not bias:
+            raise ValueError("nntile_torch.nn.LayerNorm needs elementwise_affine=True and bias=True")
+        if dtype not in (None, torch.float32):
+            raise TypeError(f"nntile_torch.nn.LayerNorm keeps float32 parameters (got dtype={dtype})")
+        self.normalized_shape = normalized_shape
+        self.eps = eps
+        self.elementwise_affine = True
+        self.batch_tile_size = config.check_tile(batch_tile_size, "batch_tile_size") or config.DEFAULT_BATCH_TILE_SIZE
+        c = normalized_shape[0]
+        self.weight = nn.Parameter(TileTensor.empty((c,), (c,), device, name="weight"))
+        self.bias = nn.Parameter(TileTensor.empty((c,), (c,), device, name="bias"))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        with torch.no_grad():
+            self.weight.copy_(torch.ones(self.normalized_shape))
+            self.bias.copy_(torch.zeros(self.normalized_shape))
+
+    def forward(self, x):
+        _check_input(x, "LayerNorm")
+        if x.shape[-1] != self.normalized_shape[0]:
+            raise ValueError(f"LayerNorm expects input of shape (*, {self.normalized_shape[0]}) "
+                             f"(got {tuple(x.shape)})")
+        ensure_init()
+        return LayerNormFunction.apply(x, self.weight, self.bias, self.eps, self.batch_tile_size)
+
+    def extra_repr(self):
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine=True"
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        for name, p in self._parameters.items():
+            destination[prefix + name] = p if keep_vars else p.materialize().clone()
+
+
+class GELU(nn.Module):
+    """torch.nn.GELU as tile tasks (approximate="none" or "tanh", GPT-2's form). Keeps the tiling of a TileTensor
+    input; a dense input (*, N) is tiled (batch_tile_size, tile_size)."""
+
+    def __init__(self, approximate="none", *, tile_size=None, batch_tile_size=None):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"approximate must be 'none' or 'tanh' (got {approximate!r})")
+        self.approximate = approximate
+        self.tile_size = config.check_tile(tile_size, "tile_size") or config.DEFAULT_TILE_SIZE
+        self.batch_tile_size = config.check_tile(batch_tile_size, "batch_tile_size") or config.DEFAULT_BATCH_TILE_SIZE
+
+    def forward(self, x):
+        _check_input(x, "GELU")
+        ensure_init()
+        return GeluFunction.apply(x, self.approximate, self.batch_tile_size, self.tile_size)
+
+    def extra_repr(self):
+        return f"approximate={self.approximate!r}"

@@ -1,0 +1,89 @@
+"""nntile_torch.nn.LayerNorm and GELU against torch: forward and every gradient on awkward shapes, tiled inputs
+from a preceding tile op, bad input."""
+import pytest
+import torch
+
+import nntile_torch as nt
+from conftest import assert_close_as_torch
+
+
+def grads(module, x, gy, params=()):
+    x = x.detach().clone().requires_grad_(True)
+    y = module(x)
+    return y, torch.autograd.grad(y, [x, *params], gy)
+
+
+@pytest.mark.parametrize("shape,btile", [((3, 11, 53), 8), ((5, 96), 2), ((1, 7), 1024)],
+                         ids=["3x11x53,rows=8", "5x96,rows=2", "1x7,one-tile"])
+def test_layer_norm_matches_torch(device, shape, btile):
+    c = shape[-1]
+    torch.manual_seed(0)
+    ref = torch.nn.LayerNorm(c, eps=1e-5, device=device)
+    with torch.no_grad():
+        ref.weight.uniform_(0.5, 1.5)
+        ref.bias.uniform_(-0.5, 0.5)
+    ours = nt.nn.LayerNorm(c, batch_tile_size=btile, device=device)
+    ours.load_state_dict(ref.state_dict())
+    ref64 = torch.nn.LayerNorm(c, device=device).double()
+    ref64.load_state_dict({k: v.double() for k, v in ref.state_dict().items()})
+    x = torch.randn(*shape, device=device) * 3 + 1
+    gy = torch.randn(*shape, device=device)
+    y, g = grads(ours, x, gy, [ours.weight, ours.bias])
+    yr, gr = grads(ref, x, gy, [ref.weight, ref.bias])
+    y64, g64 = grads(ref64, x.double(), gy.double(), [ref64.weight, ref64.bias])
+    assert isinstance(y, nt.TileTensor)
+    assert_close_as_torch(y, yr, y64, what="output")
+    for name, a, b, c64 in zip(["x", "weight", "bias"], g, gr, g64):
+        assert_close_as_torch(a, b, c64, what=f"grad {name}")
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_matches_torch(device, approximate):
+    x = torch.randn(3, 11, 53, device=device) * 3
+    gy = torch.randn(3, 11, 53, device=device)
+    ours = nt.nn.GELU(approximate, tile_size=16, batch_tile_size=8)
+    ref = torch.nn.GELU(approximate)
+    y, (g,) = grads(ours, x, gy)
+    yr, (gr,) = grads(ref, x, gy)
+    y64, (g64,) = grads(ref, x.double(), gy.double())
+    assert_close_as_torch(y, yr, y64, what="output")
+    assert_close_as_torch(g, gr, g64, what="grad x")
+
+
+def test_block_of_tile_ops_stays_asynchronous(device):
+    """LayerNorm -> Linear -> GELU -> Linear -> residual add, forward and backward: no host wait."""
+    torch.manual_seed(0)
+    c = 40
+    ln = nt.nn.LayerNorm(c, batch_tile_size=16, device=device)
+    fc = nt.nn.Linear(c, 4 * c, tile_size=64, batch_tile_size=16, device=device)
+    proj = nt.nn.Linear(4 * c, c, tile_size=64, batch_tile_size=16, device=device)
+    act = nt.nn.GELU("tanh")
+    mods = [torch.nn.LayerNorm(c), torch.nn.Linear(c, 4 * c), torch.nn.Linear(4 * c, c)]
+    for m, o in zip(mods, (ln, fc, proj)):
+        m.to(device).load_state_dict(o.state_dict())
+    x = torch.randn(3, 37, c, device=device)
+    h = proj(fc(ln(x)))  # warm-up converts nothing twice; the block below is what is checked
+    before = nt.stats()["blocking_waits"]
+    x_t = ln(x)  # a TileTensor: the residual stream
+    h = x_t + proj(act(fc(ln(x_t))))
+    h.backward(torch.ones_like(x))
+    assert nt.stats()["blocking_waits"] == before
+    ref_ln, ref_fc, ref_proj = mods
+    xr = ref_ln(x)
+    hr = xr + ref_proj(torch.nn.functional.gelu(ref_fc(ref_ln(xr)), approximate="tanh"))
+    hr.backward(torch.ones_like(x))
+    assert (h.materialize() - hr).abs().max().item() < 1e-4
+    assert (fc.weight.grad.materialize() - ref_fc.weight.grad).abs().max().item() < 1e-3
+
+
+def test_bad_input():
+    ln = nt.nn.LayerNorm(8)
+    with pytest.raises(ValueError, match=r"\(\*, 8\)"):
+        ln(torch.randn(3, 7))
+    with pytest.raises(TypeError, match="float32"):
+        ln(torch.randn(3, 8).double())
+    with pytest.raises(ValueError, match="last dimension"):
+        nt.nn.LayerNorm((4, 8))
+    with pytest.raises(ValueError, match="approximate"):
+        nt.nn.GELU("erf")
+    assert torch.allclose(ln(torch.ones(2, 8)).materialize(), torch.zeros(2, 8))
