@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (through the device tool): installs the StarPU prefix carried in .carry/starpu, builds
-# the extension against the machine's torch, then runs what is asked: tests, gemm, linear (benchmarks), mlp (main job).
+# the extension against the machine's torch, then runs what is asked: tests, gemm, linear, ab (benchmarks), train (main job), mlp.
 # Logs go to $OUT.
 #   bash scripts/h200.sh tests gemm
 # Prepare the carry here first: bash scripts/prepare_carry.sh
@@ -41,6 +41,8 @@ for step in "$@"; do
           (cd $dir && python3 -m benchmarks.linear --precision $prec 2>&1) | sed "s/^/$side: /" | tee -a "$OUT/ab.log" | tail -1
         done
       done; rc=0 ;;
+    train) python3 -m nntile_torch.train --model small --steps 300 --compare-torch --no-progress --out "$OUT/train" \
+             2>&1 | tail -3; rc=${PIPESTATUS[0]} ;;
     mlp) python3 -m nntile_torch.examples.mlp --steps 100 --out "$OUT/mlp" 2>&1 | tr '\r' '\n' | tail -3; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
