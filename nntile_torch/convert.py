@@ -97,7 +97,30 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None):
                 retied = True
         if retied:
             m._register_state_dict_hook(_dense_state_dict)
+    # Embeddings stay torch code for now; their indices are checked first, because an out-of-range index on a
+    # GPU is a device-side assert that poisons the CUDA context (StarPU's included) instead of an error.
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Embedding) and not getattr(m, "_nntile_checked", False):
+            m.register_forward_pre_hook(_index_check(name or "embedding"))
+            m._nntile_checked = True
     return model
+
+
+def _index_check(name):
+    def hook(module, args):
+        (idx,) = args[:1]
+        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32, torch.int16,
+                                                                     torch.int8, torch.uint8):
+            raise TypeError(f"{name}: indices must be an integer tensor (got "
+                            f"{idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__})")
+        if idx.numel():
+            lo, hi = torch.aminmax(idx)
+            lo, hi = int(lo), int(hi)  # reads two integers of the input (not tiles)
+            if lo < 0 or hi >= module.num_embeddings:
+                raise IndexError(f"{name}: index {hi if hi >= module.num_embeddings else lo} is out of range for "
+                                 f"{module.num_embeddings} rows (token ids must be < vocab size, sequences no longer "
+                                 "than the model's positions)")
+    return hook
 
 
 def _dense_state_dict(module, state_dict, prefix, local_metadata):

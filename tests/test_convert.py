@@ -142,7 +142,8 @@ def test_bad_input_raises_and_leaves_model_unchanged(device):
            torch.rand(2, 5, device=device)]                         # float input_ids
     for ids in bad:
         opt.zero_grad()
-        with pytest.raises((IndexError, RuntimeError, ValueError, TypeError)):
+        # Caught before any kernel runs (on a GPU an out-of-range index would be a device-side assert).
+        with pytest.raises((IndexError, TypeError), match="out of range|integer tensor"):
             loss = ours(ids, labels=ids).loss
             loss.backward()
             opt.step()
