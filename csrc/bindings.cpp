@@ -132,6 +132,10 @@ PYBIND11_MODULE(_C, m) {
           py::arg("eps"), py::arg("y"), py::arg("mean"), py::arg("rstd"));
     m.def("layer_norm_backward", &ops::layer_norm_backward, py::arg("dy"), py::arg("x"), py::arg("mean"),
           py::arg("rstd"), py::arg("weight"), py::arg("dx"), py::arg("dweight"), py::arg("dbias"));
+    m.def("attention_forward", &ops::attention_forward, py::arg("qkv"), py::arg("y"), py::arg("seq"), py::arg("nheads"),
+          py::arg("scale"));
+    m.def("attention_backward", &ops::attention_backward, py::arg("dy"), py::arg("qkv"), py::arg("dqkv"), py::arg("seq"),
+          py::arg("nheads"), py::arg("scale"));
     m.def("convert", &ops::convert, py::arg("src"), py::arg("dst"));
     m.def("adamw", &ops::adamw, py::arg("grad"), py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
           py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),

@@ -3,7 +3,8 @@ state_dict keys and weight ties.
 
 Swapped now: torch.nn.Linear -> nntile_torch.nn.Linear, transformers' Conv1D (GPT-2) -> nntile_torch.nn.Conv1D,
 torch.nn.LayerNorm (last dim, with weight and bias) -> nntile_torch.nn.LayerNorm, torch.nn.GELU and transformers'
-NewGELUActivation / GELUActivation -> nntile_torch.nn.GELU.
+NewGELUActivation / GELUActivation -> nntile_torch.nn.GELU, nn.Dropout(p=0) -> nn.Identity; Hugging Face
+GPT2Attention keeps its module but runs causal attention as tile tasks (nntile_torch/nn/gpt2.py).
 Every other module keeps running as torch code on materialized TileTensors (correct, with host waits).
 """
 import torch
@@ -11,6 +12,7 @@ from torch import nn
 
 from . import config
 from .nn import GELU, Conv1D, LayerNorm, Linear
+from .nn.gpt2 import is_gpt2_attention, patch_gpt2_attention
 from .runtime import ensure_init
 from .tensor import TileTensor
 
@@ -35,6 +37,8 @@ def _swappable(m):
         return True
     if type(m) is nn.LayerNorm:
         return len(m.normalized_shape) == 1 and m.weight is not None and m.bias is not None
+    if type(m) is nn.Dropout:
+        return m.p == 0  # exactly the identity; torch's dropout would read (materialize) its input
     return type(m) is nn.GELU or type(m).__name__ in _HF_GELU
 
 
@@ -49,6 +53,8 @@ def _swap(m, kw):
                          batch_tile_size=kw["batch_tile_size"])
     if type(m) is nn.GELU:
         return GELU(m.approximate, **tiles)
+    if type(m) is nn.Dropout:
+        return nn.Identity()
     return GELU(_HF_GELU[type(m).__name__], **tiles)
 
 
@@ -97,6 +103,14 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None):
                 retied = True
         if retied:
             m._register_state_dict_hook(_dense_state_dict)
+    for m in model.modules():
+        if is_gpt2_attention(m):
+            patch_gpt2_attention(m)
+    # Hugging Face keeps a key/value cache during training too unless told otherwise; a cache needs dense keys
+    # and values (host waits) and is of no use to training. Generation still works without it.
+    cfg = getattr(model, "config", None)
+    if cfg is not None and getattr(cfg, "use_cache", False):
+        cfg.use_cache = False
     # Embeddings stay torch code for now; their indices are checked first, because an out-of-range index on a
     # GPU is a device-side assert that poisons the CUDA context (StarPU's included) instead of an error.
     for name, m in model.named_modules():

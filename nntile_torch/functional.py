@@ -153,3 +153,32 @@ class LayerNormFunction(torch.autograd.Function):
         _C.layer_norm_backward(tiles_like(xt, dy, xt.shape), xt, mean, rstd, wt, dx, dw, db)
         return (TileTensor(dx, ctx.x_shape, ctx.x_device), TileTensor(dw, wt.shape, ctx.w_device),
                 TileTensor(db, wt.shape, ctx.w_device), None, None)
+
+
+class CausalAttentionFunction(torch.autograd.Function):
+    """Causal multi-head self-attention: qkv (B, T, 3C), a TileTensor whose tiles hold whole rows and whole
+    sequences (row tile a multiple of T), -> y (B, T, C) with heads side by side, tiled by the same rows.
+    One task per row tile; the backward task recomputes the forward (no T x T matrix is kept)."""
+
+    @staticmethod
+    def forward(ctx, qkv, nheads, scale):
+        t = qkv.tiles
+        b, seq, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        y = _C.TileTensor([t.shape[0], c], [t.tile_shape[0], c], "float32", "attention.y")
+        _C.attention_forward(t, y, seq, nheads, scale)
+        ctx.qkv, ctx.y, ctx.seq, ctx.nheads, ctx.scale = t, y, seq, nheads, scale
+        ctx.shape, ctx.device = qkv.shape, qkv.device
+        return TileTensor(y, (b, seq, c), qkv.device)
+
+    @staticmethod
+    def backward(ctx, dy):
+        t = ctx.qkv
+        dqkv = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "attention.dqkv")
+        _C.attention_backward(tiles_like(ctx.y, dy, ctx.y.shape), t, dqkv, ctx.seq, ctx.nheads, ctx.scale)
+        return TileTensor(dqkv, ctx.shape, ctx.device), None, None
+
+
+def attention_tiles_ok(qkv):
+    """Whether qkv (B, T, 3C) is tiled so that CausalAttentionFunction can take it without a copy."""
+    return (isinstance(qkv, TileTensor) and qkv.dim() == 3 and len(qkv.tiles.shape) == 2
+            and qkv.tiles.grid[1] == 1 and qkv.tiles.tile_shape[0] % qkv.shape[1] == 0)

@@ -43,7 +43,9 @@ def parse_args(argv=None):
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--warmup", type=int, default=20, help="linear learning-rate warm-up steps")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
-    ap.add_argument("--tile-size", type=int, help="tile edge for weights (default nntile_torch.config)")
+    ap.add_argument("--tile-size", type=int,
+                    help="tile edge for weights (default: max(1024, 3 * width), so that attention tiles hold whole "
+                         "rows and run as tile tasks)")
     ap.add_argument("--batch-tile-size", type=int, help="rows per activation tile (default: one sequence)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--cuda-memory-limit", help="StarPU's share of GPU memory, e.g. 100GiB")
@@ -110,7 +112,8 @@ def main(argv=None):
     nt.init(cuda_memory_limit=args.cuda_memory_limit, host_memory_limit=args.host_memory_limit)
     ref = build_model(args, device)
     torch_model = copy.deepcopy(ref) if args.compare_torch else None
-    model = nt.convert(ref, precision=args.precision, tile_size=args.tile_size,
+    width = ref.config.n_embd
+    model = nt.convert(ref, precision=args.precision, tile_size=args.tile_size or max(1024, 3 * width),
                        batch_tile_size=args.batch_tile_size or args.seq)
     opt = nt.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     topt = (torch.optim.AdamW(torch_model.parameters(), lr=args.lr, weight_decay=args.weight_decay, foreach=False)

@@ -90,6 +90,20 @@ def test_fp32_logits_loss_and_gradients_match(device, kind):
         assert_close_as_torch(a, b, c, what=f"grad {name}")
 
 
+def test_host_waits_per_step_do_not_grow_with_depth(device):
+    """Every layer runs as tile tasks: a 1-layer and a 4-layer GPT-2 wait equally often per step (what remains
+    is the embedding and the loss, still torch code)."""
+    waits = []
+    for layers in (1, 4):
+        ours = nt.convert(gpt2(device, n_layer=layers), tile_size=384, batch_tile_size=37)
+        ids = torch.randint(0, 1000, (3, 37), device=device)
+        ours(ids, labels=ids).loss.backward()  # first step: tiles and bf16/fp32 copies made
+        before = nt.stats()["blocking_waits"]
+        ours(ids, labels=ids).loss.backward()
+        waits.append(nt.stats()["blocking_waits"] - before)
+    assert waits[0] == waits[1] and waits[0] <= 6, waits
+
+
 def test_structure_state_dict_and_ties(device):
     ref = gpt2(device)
     ours = nt.convert(copy.deepcopy(ref), tile_size=40)

@@ -87,3 +87,31 @@ def test_bad_input():
     with pytest.raises(ValueError, match="approximate"):
         nt.nn.GELU("erf")
     assert torch.allclose(ln(torch.ones(2, 8)).materialize(), torch.zeros(2, 8))
+
+
+@pytest.mark.parametrize("b,t,heads,hd,rows", [(3, 37, 6, 16, 37), (4, 9, 2, 5, 18)],
+                         ids=["3x37,6 heads,one seq per tile", "4x9,2 heads,two seqs per tile"])
+def test_causal_attention_matches_torch(device, b, t, heads, hd, rows):
+    from nntile_torch.functional import CausalAttentionFunction
+    c = heads * hd
+    qkv = torch.randn(b, t, 3 * c, device=device)
+    gy = torch.randn(b, t, c, device=device)
+    scale = 0.7 / hd ** 0.5
+
+    def ref(z):
+        q, k, v = (u.reshape(b, t, heads, hd).transpose(1, 2) for u in z.split(c, dim=2))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale) \
+            .transpose(1, 2).reshape(b, t, c)
+
+    tiled = nt.TileTensor.from_dense(qkv, (rows, 3 * c), (b * t, 3 * c))
+    tiled.requires_grad_(True)
+    y = CausalAttentionFunction.apply(tiled, heads, scale)
+    (g,) = torch.autograd.grad(y, tiled, gy)
+    x = qkv.clone().requires_grad_(True)
+    yr = ref(x)
+    (gr,) = torch.autograd.grad(yr, x, gy)
+    x64 = qkv.double().requires_grad_(True)
+    y64 = ref(x64)
+    (g64,) = torch.autograd.grad(y64, x64, gy.double())
+    assert_close_as_torch(y, yr, y64, what="output")
+    assert_close_as_torch(g, gr, g64, what="grad qkv")

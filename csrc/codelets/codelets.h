@@ -33,6 +33,12 @@ void submit_layer_norm_backward(int64_t m, int64_t c, starpu_data_handle_t dy, s
                                 starpu_data_handle_t mean, starpu_data_handle_t rstd, starpu_data_handle_t weight,
                                 starpu_data_handle_t dx, starpu_data_handle_t dweight, starpu_data_handle_t dbias,
                                 float beta);
+// Causal self-attention over nseq whole sequences in one tile: qkv (nseq * seq, 3c) -> y (nseq * seq, c);
+// backward writes dqkv.
+void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
+                              starpu_data_handle_t qkv, starpu_data_handle_t y);
+void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
+                               starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t dqkv);
 // One AdamW step on a parameter tile; init_state zeroes the state tiles first instead of reading them.
 void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, starpu_data_handle_t grad,
                   starpu_data_handle_t param, starpu_data_handle_t exp_avg, starpu_data_handle_t exp_avg_sq);

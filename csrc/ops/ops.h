@@ -24,6 +24,10 @@ void layer_norm_forward(TileTensor &x, TileTensor &weight, TileTensor &bias, flo
                         TileTensor &mean, TileTensor &rstd);
 void layer_norm_backward(TileTensor &dy, TileTensor &x, TileTensor &mean, TileTensor &rstd, TileTensor &weight,
                          TileTensor &dx, TileTensor &dweight, TileTensor &dbias);
+// Causal self-attention: qkv (M, 3C) in tiles of whole rows holding whole sequences of `seq` positions
+// (row tile a multiple of seq) -> y (M, C), tiled by the same rows. Backward: dqkv tiled like qkv.
+void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale);
+void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale);
 // dst = src in dst's element type (same shape and tiles).
 void convert(TileTensor &src, TileTensor &dst);
 // One AdamW step over all tiles of a parameter (grad, exp_avg, exp_avg_sq share its tiling). Scalars are

@@ -1,0 +1,18 @@
+// Causal multi-head self-attention on a tile of whole sequences, with ATen's fused kernels (flash /
+// memory-efficient on GPUs): no seq x seq score matrix per head is kept.
+// qkv: row-major (nseq * seq, 3 * c), each row [q | k | v], heads of hd = c / nheads contiguous inside each;
+// y: (nseq * seq, c) with heads side by side (what GPT-2's c_proj reads).
+#pragma once
+#include <cstdint>
+
+#include "aten_tile.h"
+
+namespace nntile::kernels {
+
+void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
+                       const float *qkv, float *y);
+// Recomputes the forward (activation recomputation) and writes dqkv (nseq * seq, 3 * c).
+void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
+                        const float *dy, const float *qkv, float *dqkv);
+
+}  // namespace nntile::kernels

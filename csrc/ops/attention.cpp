@@ -1,0 +1,41 @@
+// Tiled causal self-attention: one task per row tile (a whole number of sequences).
+#include "../codelets/codelets.h"
+#include "ops.h"
+
+namespace nntile::ops {
+
+namespace {
+void check(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, const char *op) {
+    NNTILE_CHECK(qkv.dtype() == DType::f32 && y.dtype() == DType::f32, op << " needs float32 tiles");
+    NNTILE_CHECK(qkv.ndim() == 2 && qkv.grid()[1] == 1 && qkv.shape()[1] % 3 == 0,
+                 op << ": qkv must be (M, 3C) in tiles of whole rows");
+    int64_t c = qkv.shape()[1] / 3;
+    NNTILE_CHECK(nheads > 0 && c % nheads == 0, op << ": width " << c << " is not a multiple of " << nheads << " heads");
+    NNTILE_CHECK(seq > 0 && qkv.tile_shape()[0] % seq == 0 && qkv.shape()[0] % seq == 0,
+                 op << ": row tiles (" << qkv.tile_shape()[0] << ") and rows (" << qkv.shape()[0]
+                    << ") must hold whole sequences of " << seq);
+    NNTILE_CHECK(y.ndim() == 2 && y.shape()[0] == qkv.shape()[0] && y.shape()[1] == c &&
+                     y.tile_shape()[0] == qkv.tile_shape()[0] && y.grid()[1] == 1,
+                 op << ": output must be (" << qkv.shape()[0] << ", " << c << ") tiled by qkv's rows");
+}
+}  // namespace
+
+void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale) {
+    check(qkv, y, seq, nheads, "attention");
+    int64_t c = y.shape()[1];
+    for (int64_t i = 0; i < qkv.grid()[0]; ++i)
+        codelets::submit_attention_forward(qkv.tile_extent(0, i) / seq, seq, c, nheads, scale, qkv.handle(i), y.handle(i));
+    y.bump_version();
+}
+
+void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale) {
+    check(qkv, dy, seq, nheads, "attention_backward");
+    NNTILE_CHECK(dqkv.same_tiling(qkv), "attention_backward: dqkv must be tiled like qkv");
+    int64_t c = dy.shape()[1];
+    for (int64_t i = 0; i < qkv.grid()[0]; ++i)
+        codelets::submit_attention_backward(qkv.tile_extent(0, i) / seq, seq, c, nheads, scale, dy.handle(i),
+                                            qkv.handle(i), dqkv.handle(i));
+    dqkv.bump_version();
+}
+
+}  // namespace nntile::ops
