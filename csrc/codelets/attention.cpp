@@ -20,14 +20,6 @@ uint32_t attention_footprint(starpu_task *task) {
 }
 
 template <bool Cuda>
-kernels::Where where() {
-#ifdef NNTILE_USE_CUDA
-    if (Cuda) return where_cuda();
-#endif
-    return kernels::Where{};
-}
-
-template <bool Cuda>
 void fwd_func(void *buffers[], void *cl_arg) {  // buffers: qkv, y
     auto *a = static_cast<AttentionArgs *>(cl_arg);
     kernels::attention_forward(where<Cuda>(), a->nseq, a->seq, a->c, a->nheads, a->scale,

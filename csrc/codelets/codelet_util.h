@@ -69,12 +69,17 @@ starpu_codelet *new_codelet(const char *name, const char *symbol, uint32_t (*foo
     return &d->cl;
 }
 
-// Where a task's ATen-based kernel runs: this CUDA worker's device and stream (CPU tasks use Where{}).
+// Where a task's ATen-based kernel runs: where<true>() is this CUDA worker's device and stream, where<false>()
+// the CPU.
+template <bool Cuda>
+kernels::Where where() {
 #ifdef NNTILE_USE_CUDA
-inline kernels::Where where_cuda() {
-    return kernels::Where{true, starpu_worker_get_devid(starpu_worker_get_id()), (void *)starpu_cuda_get_local_stream()};
-}
+    if (Cuda)
+        return kernels::Where{true, starpu_worker_get_devid(starpu_worker_get_id()),
+                              (void *)starpu_cuda_get_local_stream()};
 #endif
+    return kernels::Where{};
+}
 
 template <class Args>
 inline const Args &args_of(starpu_task *task) {

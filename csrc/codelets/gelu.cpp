@@ -22,10 +22,7 @@ uint32_t gelu_footprint(starpu_task *task) {
 template <bool Cuda>
 void gelu_fwd_func(void *buffers[], void *cl_arg) {
     auto *a = static_cast<GeluArgs *>(cl_arg);
-    kernels::Where w;
-#ifdef NNTILE_USE_CUDA
-    if (Cuda) w = where_cuda();
-#endif
+    kernels::Where w = where<Cuda>();
     kernels::gelu_forward(w, a->n, a->tanh_approx, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]),
                           (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
 }
@@ -33,10 +30,7 @@ void gelu_fwd_func(void *buffers[], void *cl_arg) {
 template <bool Cuda>
 void gelu_bwd_func(void *buffers[], void *cl_arg) {
     auto *a = static_cast<GeluArgs *>(cl_arg);
-    kernels::Where w;
-#ifdef NNTILE_USE_CUDA
-    if (Cuda) w = where_cuda();
-#endif
+    kernels::Where w = where<Cuda>();
     kernels::gelu_backward(w, a->n, a->tanh_approx, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]),
                            (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]));
 }

@@ -26,10 +26,7 @@ uint32_t layer_norm_footprint(starpu_task *task) {
 template <bool Cuda>
 void fwd_func(void *buffers[], void *cl_arg) {
     auto *a = static_cast<LayerNormArgs *>(cl_arg);
-    kernels::Where w;
-#ifdef NNTILE_USE_CUDA
-    if (Cuda) w = where_cuda();
-#endif
+    kernels::Where w = where<Cuda>();
     kernels::layer_norm_forward(w, a->m, a->c, a->eps, NNTILE_PTR(0), NNTILE_PTR(1), NNTILE_PTR(2), NNTILE_PTR(3),
                                 NNTILE_PTR(4), NNTILE_PTR(5));
 }
@@ -38,10 +35,7 @@ void fwd_func(void *buffers[], void *cl_arg) {
 template <bool Cuda>
 void bwd_func(void *buffers[], void *cl_arg) {
     auto *a = static_cast<LayerNormArgs *>(cl_arg);
-    kernels::Where w;
-#ifdef NNTILE_USE_CUDA
-    if (Cuda) w = where_cuda();
-#endif
+    kernels::Where w = where<Cuda>();
     kernels::layer_norm_backward(w, a->m, a->c, NNTILE_PTR(0), NNTILE_PTR(1), NNTILE_PTR(2), NNTILE_PTR(3),
                                  NNTILE_PTR(4), NNTILE_PTR(5), NNTILE_PTR(6), NNTILE_PTR(7), a->beta);
 }
