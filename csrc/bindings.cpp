@@ -14,7 +14,8 @@ namespace {
 DType parse_dtype(const std::string &s) {
     if (s == "float32") return DType::f32;
     if (s == "bfloat16") return DType::bf16;
-    throw std::invalid_argument("tile dtype must be 'float32' or 'bfloat16' (got '" + s + "')");
+    if (s == "int64") return DType::i64;
+    throw std::invalid_argument("tile dtype must be 'float32', 'bfloat16' or 'int64' (got '" + s + "')");
 }
 
 const char *node_kind_name(enum starpu_node_kind k) {
@@ -136,6 +137,8 @@ PYBIND11_MODULE(_C, m) {
           py::arg("scale"));
     m.def("attention_backward", &ops::attention_backward, py::arg("dy"), py::arg("qkv"), py::arg("dqkv"), py::arg("seq"),
           py::arg("nheads"), py::arg("scale"));
+    m.def("embedding_forward", &ops::embedding_forward, py::arg("ids"), py::arg("table"), py::arg("out"));
+    m.def("embedding_backward", &ops::embedding_backward, py::arg("ids"), py::arg("dy"), py::arg("dtable"));
     m.def("convert", &ops::convert, py::arg("src"), py::arg("dst"));
     m.def("adamw", &ops::adamw, py::arg("grad"), py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
           py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),

@@ -8,10 +8,11 @@
 namespace nntile {
 
 // Element type of a tile. Tiles hold row-major data of their own extent.
-enum class DType : int32_t { f32 = 0, bf16 = 1 };
+// int64 tiles hold token ids.
+enum class DType : int32_t { f32 = 0, bf16 = 1, i64 = 2 };
 
-inline size_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
-inline const char *dtype_name(DType t) { return t == DType::f32 ? "float32" : "bfloat16"; }
+inline size_t dtype_size(DType t) { return t == DType::f32 ? 4 : t == DType::bf16 ? 2 : 8; }
+inline const char *dtype_name(DType t) { return t == DType::f32 ? "float32" : t == DType::bf16 ? "bfloat16" : "int64"; }
 
 // How a GEMM multiplies: exact fp32, tf32 tensor cores, or bf16 inputs with fp32 accumulation.
 enum class Precision : int32_t { fp32 = 0, tf32 = 1, bf16 = 2 };

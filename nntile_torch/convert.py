@@ -3,7 +3,8 @@ state_dict keys and weight ties.
 
 Swapped now: torch.nn.Linear -> nntile_torch.nn.Linear, transformers' Conv1D (GPT-2) -> nntile_torch.nn.Conv1D,
 torch.nn.LayerNorm (last dim, with weight and bias) -> nntile_torch.nn.LayerNorm, torch.nn.GELU and transformers'
-NewGELUActivation / GELUActivation -> nntile_torch.nn.GELU, nn.Dropout(p=0) -> nn.Identity; Hugging Face
+NewGELUActivation / GELUActivation -> nntile_torch.nn.GELU, nn.Embedding tied to a converted linear layer
+(default options, width within a tile) -> nntile_torch.nn.Embedding, nn.Dropout(p=0) -> nn.Identity; Hugging Face
 GPT2Attention keeps its module but runs causal attention as tile tasks (nntile_torch/nn/gpt2.py).
 Every other module keeps running as torch code on materialized TileTensors (correct, with host waits).
 """
@@ -11,7 +12,8 @@ import torch
 from torch import nn
 
 from . import config
-from .nn import GELU, Conv1D, LayerNorm, Linear
+from .nn import GELU, Conv1D, Embedding, LayerNorm, Linear
+from .nn.embedding import check_indices
 from .nn.gpt2 import is_gpt2_attention, patch_gpt2_attention
 from .runtime import ensure_init
 from .tensor import TileTensor
@@ -32,11 +34,18 @@ def _check_dense_float32(name, m):
 _HF_GELU = {"NewGELUActivation": "tanh", "GELUTanh": "tanh", "PytorchGELUTanh": "tanh", "GELUActivation": "none"}
 
 
-def _swappable(m):
+def _swappable(m, tile_size, linear_weights):
     if type(m) is nn.Linear or _is_hf_conv1d(m):
         return True
     if type(m) is nn.LayerNorm:
         return len(m.normalized_shape) == 1 and m.weight is not None and m.bias is not None
+    if type(m) is nn.Embedding:
+        # Only tables tied to a converted linear layer (GPT-2's token embedding and LM head): their gradient
+        # then adds up as tiles. Untied ones (positions) stay torch code; their dense output joins the tiled
+        # residual stream without a wait.
+        return (id(m.weight) in linear_weights and m.padding_idx is None and m.max_norm is None
+                and not m.scale_grad_by_freq and not m.sparse
+                and m.embedding_dim <= (tile_size or config.DEFAULT_TILE_SIZE))
     if type(m) is nn.Dropout:
         return m.p == 0  # exactly the identity; torch's dropout would read (materialize) its input
     return type(m) is nn.GELU or type(m).__name__ in _HF_GELU
@@ -55,6 +64,8 @@ def _swap(m, kw):
         return GELU(m.approximate, **tiles)
     if type(m) is nn.Dropout:
         return nn.Identity()
+    if type(m) is nn.Embedding:
+        return Embedding(m.num_embeddings, m.embedding_dim, device=m.weight.device, **tiles)
     return GELU(_HF_GELU[type(m).__name__], **tiles)
 
 
@@ -74,11 +85,12 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None):
     ensure_init()
     kw = dict(tile_size=tile_size, batch_tile_size=batch_tile_size, precision=precision)
     swapped = {}  # id(old parameter) -> new parameter
+    linear_weights = {id(m.weight) for m in model.modules() if type(m) is nn.Linear or _is_hf_conv1d(m)}
     plan = []
     for name, m in model.named_modules():
         for cname, child in m.named_children():
             full = f"{name}.{cname}" if name else cname
-            if _swappable(child):
+            if _swappable(child, tile_size, linear_weights):
                 _check_dense_float32(full, child)
                 plan.append((m, cname, child))
     for parent, cname, old in plan:
@@ -111,10 +123,10 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None):
     cfg = getattr(model, "config", None)
     if cfg is not None and getattr(cfg, "use_cache", False):
         cfg.use_cache = False
-    # Embeddings stay torch code for now; their indices are checked first, because an out-of-range index on a
-    # GPU is a device-side assert that poisons the CUDA context (StarPU's included) instead of an error.
+    # Embeddings left as torch code get their indices checked first, because an out-of-range index on a GPU is
+    # a device-side assert that poisons the CUDA context (StarPU's included) instead of an error.
     for name, m in model.named_modules():
-        if isinstance(m, nn.Embedding) and not getattr(m, "_nntile_checked", False):
+        if type(m) is nn.Embedding and not getattr(m, "_nntile_checked", False):
             m.register_forward_pre_hook(_index_check(name or "embedding"))
             m._nntile_checked = True
     return model
@@ -122,18 +134,7 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None):
 
 def _index_check(name):
     def hook(module, args):
-        (idx,) = args[:1]
-        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32, torch.int16,
-                                                                     torch.int8, torch.uint8):
-            raise TypeError(f"{name}: indices must be an integer tensor (got "
-                            f"{idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__})")
-        if idx.numel():
-            lo, hi = torch.aminmax(idx)
-            lo, hi = int(lo), int(hi)  # reads two integers of the input (not tiles)
-            if lo < 0 or hi >= module.num_embeddings:
-                raise IndexError(f"{name}: index {hi if hi >= module.num_embeddings else lo} is out of range for "
-                                 f"{module.num_embeddings} rows (token ids must be < vocab size, sequences no longer "
-                                 "than the model's positions)")
+        check_indices(args[0], module.num_embeddings, name)
     return hook
 
 

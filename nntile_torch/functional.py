@@ -182,3 +182,26 @@ def attention_tiles_ok(qkv):
     """Whether qkv (B, T, 3C) is tiled so that CausalAttentionFunction can take it without a copy."""
     return (isinstance(qkv, TileTensor) and qkv.dim() == 3 and len(qkv.tiles.shape) == 2
             and qkv.tiles.grid[1] == 1 and qkv.tiles.tile_shape[0] % qkv.shape[1] == 0)
+
+
+class EmbeddingFunction(torch.autograd.Function):
+    """out = weight[ids]: ids (...) integer, weight (V, C) a TileTensor in tiles of whole rows (tv, C) -> out
+    (..., C) tiled (batch_tile, C) over the flattened ids. One task per (id tile, vocabulary tile)."""
+
+    @staticmethod
+    def forward(ctx, ids, weight, batch_tile):
+        wt = weight.tiles
+        m, c = ids.numel(), wt.shape[1]
+        idt = _C.TileTensor([m], [min(batch_tile, m)], "int64", "embedding.ids")
+        idt.from_dense(ids.detach().reshape(m).long())
+        out = _C.TileTensor([m, c], [idt.tile_shape[0], c], "float32", "embedding.out")
+        _C.embedding_forward(idt, wt, out)
+        ctx.idt, ctx.wt, ctx.out_like, ctx.w_device = idt, wt, out, weight.device
+        return TileTensor(out, (*ids.shape, c), ids.device)
+
+    @staticmethod
+    def backward(ctx, dy):
+        wt = ctx.wt
+        dw = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "embedding.dweight")
+        _C.embedding_backward(ctx.idt, tiles_like(ctx.out_like, dy, ctx.out_like.shape), dw)
+        return None, TileTensor(dw, wt.shape, ctx.w_device), None

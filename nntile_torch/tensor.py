@@ -16,7 +16,7 @@ from . import _C
 from .runtime import ensure_init
 
 aten = torch.ops.aten
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
 _TILE_DTYPES = {v: k for k, v in _DTYPES.items()}
 
 
@@ -120,14 +120,19 @@ def _detach(self):
 
 def _as_tiles_of(like, other):
     """other as a TileTensor tiled like `like` (a TileTensor): itself when it already is, a copy of a dense
-    tensor of the same shape (no wait: fresh tiles), else None (broadcasting, other dtypes: left to torch)."""
+    tensor that broadcasts to its shape (no wait: fresh tiles), else None (left to torch)."""
     if _same_tiles(like, other):
         return other
-    if isinstance(other, torch.Tensor) and not isinstance(other, TileTensor) and other.shape == like.shape \
-            and other.dtype == torch.float32 and like.dtype == torch.float32:
+    if isinstance(other, torch.Tensor) and not isinstance(other, TileTensor) and other.dtype == torch.float32 \
+            and like.dtype == torch.float32 and other.device == like.device:
+        try:
+            if torch.broadcast_shapes(other.shape, like.shape) != like.shape:
+                return None
+        except RuntimeError:
+            return None
         t = like._tiles
         tiles = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "")
-        tiles.from_dense(other.detach().reshape(tuple(t.shape)))
+        tiles.from_dense(other.detach().expand(like.shape).reshape(tuple(t.shape)))
         return _like(like, tiles)
     return None
 
@@ -177,7 +182,30 @@ def _clone(self, memory_format=None):
     return _like(self, _copy_tiles(self))
 
 
+def _slice(self, dim=0, start=None, end=None, step=1):
+    # A slice that keeps everything (Hugging Face slices hidden states before the LM head this way).
+    size = self.shape[dim]
+    if step == 1 and start in (None, 0) and (end is None or end >= size):
+        return _like(self, self._tiles)
+    return NotImplemented
+
+
+def _view(self, size):
+    # Views that keep the last dimension keep the tiling valid (tiles hold the row-major matrix
+    # (prod(leading), last)): an alias with another logical shape, sharing the tiles as a view shares storage.
+    size = list(size)
+    if -1 in size:
+        known = math.prod(v for v in size if v != -1)
+        size[size.index(-1)] = self.numel() // known if known else 0
+    if math.prod(size) != self.numel() or not size or size[-1] != self.shape[-1]:
+        return NotImplemented
+    return TileTensor(self._tiles, size, self.device)
+
+
 _HANDLERS = {
+    aten.slice.Tensor: _slice,
+    aten.view.default: _view,
+    aten._unsafe_view.default: _view,
     aten.detach.default: _detach,
     aten.alias.default: _detach,
     aten.add_.Tensor: _add_,

@@ -115,3 +115,26 @@ def test_causal_attention_matches_torch(device, b, t, heads, hd, rows):
     (g64,) = torch.autograd.grad(y64, x64, gy.double())
     assert_close_as_torch(y, yr, y64, what="output")
     assert_close_as_torch(g, gr, g64, what="grad qkv")
+
+
+def test_embedding_matches_torch(device):
+    torch.manual_seed(0)
+    ref = torch.nn.Embedding(1000, 53, device=device)
+    ours = nt.nn.Embedding(1000, 53, tile_size=96, batch_tile_size=8, device=device)  # 11 vocabulary tiles
+    ours.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, 1000, (3, 11), device=device)
+    ids[0, :3] = torch.tensor([0, 999, 999])  # first and last rows, a repeated id
+    gy = torch.randn(3, 11, 53, device=device)
+    y = ours(ids)
+    assert isinstance(y, nt.TileTensor) and torch.equal(y.materialize(), ref(ids))  # a gather: exact
+    (g,) = torch.autograd.grad(y, [ours.weight], gy)
+    (gr,) = torch.autograd.grad(ref(ids), [ref.weight], gy)
+    ref64 = torch.nn.Embedding(1000, 53, device=device).double()
+    (g64,) = torch.autograd.grad(ref64(ids), [ref64.weight], gy.double())
+    assert_close_as_torch(g, gr, g64, what="grad weight")
+    for bad, err in [(torch.tensor([[1000]], device=device), IndexError), (torch.tensor([[-1]], device=device), IndexError),
+                     (torch.zeros(2, 3, device=device), TypeError)]:
+        with pytest.raises(err, match="out of range|integer tensor"):
+            ours(bad)
+    with pytest.raises(ValueError, match="padding_idx"):
+        nt.nn.Embedding(10, 4, padding_idx=0)

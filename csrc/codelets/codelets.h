@@ -39,6 +39,12 @@ void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nhea
                               starpu_data_handle_t qkv, starpu_data_handle_t y);
 void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
                                starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t dqkv);
+// out (m, c) = (first ? 0 : out) + the rows of table (rows, c) picked by ids in [lo, lo + rows); backward:
+// dtable (rows, c) = (first ? 0 : dtable) + the dy rows of those ids.
+void submit_embedding_forward(int64_t m, int64_t rows, int64_t c, int64_t lo, bool first, starpu_data_handle_t ids,
+                              starpu_data_handle_t table, starpu_data_handle_t out);
+void submit_embedding_backward(int64_t m, int64_t rows, int64_t c, int64_t lo, bool first, starpu_data_handle_t ids,
+                               starpu_data_handle_t dy, starpu_data_handle_t dtable);
 // One AdamW step on a parameter tile; init_state zeroes the state tiles first instead of reading them.
 void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, starpu_data_handle_t grad,
                   starpu_data_handle_t param, starpu_data_handle_t exp_avg, starpu_data_handle_t exp_avg_sq);

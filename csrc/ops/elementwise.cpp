@@ -48,6 +48,7 @@ void add(float alpha, TileTensor &x, float beta, TileTensor &y) {
 void convert(TileTensor &src, TileTensor &dst) {
     NNTILE_CHECK(src.shape() == dst.shape() && src.tile_shape() == dst.tile_shape(),
                  "convert: tensors must have the same shape and tiles");
+    NNTILE_CHECK(src.dtype() != DType::i64 && dst.dtype() != DType::i64, "convert: float32 <-> bfloat16 only");
     for (int64_t t = 0; t < dst.ntiles(); ++t) {
         int64_t n = 1;
         for (auto e : dst.tile_extents(t)) n *= e;

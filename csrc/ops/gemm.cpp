@@ -17,6 +17,8 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
           Precision precision) {
     NNTILE_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2,
                  "gemm takes 2-d tile tensors (got " << a.ndim() << ", " << b.ndim() << ", " << c.ndim() << " dims)");
+    NNTILE_CHECK(a.dtype() != DType::i64 && b.dtype() != DType::i64 && c.dtype() != DType::i64,
+                 "gemm takes float32 or bfloat16 tiles");
     auto m = op_dim(a, trans_a, 0), ka = op_dim(a, trans_a, 1);
     auto kb = op_dim(b, trans_b, 0), n = op_dim(b, trans_b, 1);
     NNTILE_CHECK(ka == kb, "gemm: inner dimensions or their tiles differ (op(A) has " << ka.first << " columns in tiles of "

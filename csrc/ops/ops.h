@@ -28,6 +28,10 @@ void layer_norm_backward(TileTensor &dy, TileTensor &x, TileTensor &mean, TileTe
 // (row tile a multiple of seq) -> y (M, C), tiled by the same rows. Backward: dqkv tiled like qkv.
 void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale);
 void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale);
+// Embedding lookup: ids (M) int64 tiled (bt), table (V, C) in tiles of whole rows (tv, C), out (M, C) tiled
+// (bt, C). One task per (row tile, vocabulary tile); backward overwrites dtable (tiled like table).
+void embedding_forward(TileTensor &ids, TileTensor &table, TileTensor &out);
+void embedding_backward(TileTensor &ids, TileTensor &dy, TileTensor &dtable);
 // dst = src in dst's element type (same shape and tiles).
 void convert(TileTensor &src, TileTensor &dst);
 // One AdamW step over all tiles of a parameter (grad, exp_avg, exp_avg_sq share its tiling). Scalars are

@@ -28,7 +28,7 @@ void install_shutdown_hook() {
     (void)done;
 }
 
-at::ScalarType scalar_type(DType t) { return t == DType::f32 ? at::kFloat : at::kBFloat16; }
+at::ScalarType scalar_type(DType t) { return t == DType::f32 ? at::kFloat : t == DType::bf16 ? at::kBFloat16 : at::kLong; }
 
 // Waits for torch's current stream on t's device (not the whole device: StarPU's streams run on).
 void sync_torch_stream(const torch::Tensor &t) {
@@ -162,7 +162,11 @@ bool TileTensor::same_tiling(const TileTensor &o) const {
 void TileTensor::from_dense(const torch::Tensor &src) {
     NNTILE_CHECK(src.sizes().vec() == shape_, "dense tensor of shape " << src.sizes() << " does not match tile tensor "
                                                                         << "shape " << c10::IntArrayRef(shape_));
-    NNTILE_CHECK(src.is_floating_point(), "expected a floating-point tensor (got " << src.scalar_type() << ")");
+    if (dtype_ == DType::i64)
+        NNTILE_CHECK(!src.is_floating_point() && !src.is_complex(),
+                     "int64 tiles take an integer tensor (got " << src.scalar_type() << ")");
+    else
+        NNTILE_CHECK(src.is_floating_point(), "expected a floating-point tensor (got " << src.scalar_type() << ")");
     ensure_handles();
     // A CUDA tensor goes straight into tiles on its GPU when a worker drives that GPU; else through host RAM.
     int node = src.is_cuda() ? cuda_node_of(src.device().index()) : -1;
