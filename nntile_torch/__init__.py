@@ -1,7 +1,7 @@
 """nntile_torch: PyTorch models trained as StarPU tasks over tiles, on CPUs and GPUs, beyond GPU memory."""
 import torch  # noqa: F401  (loads libtorch and, in CUDA builds, the cuBLAS/cudart that _C links against)
 
-from . import _C
+from . import _C  # noqa: F401  (nt._C, the native module)
 from .runtime import info, init, is_running, shutdown, stats, synchronize
 from .tensor import TileTensor
 from . import nn, optim  # noqa: E402  (need the runtime and TileTensor)

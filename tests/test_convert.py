@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import nntile_torch as nt
-from conftest import assert_close_as_torch, max_err
+from conftest import assert_close_as_torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is installed by scripts/setup.sh")
 

@@ -1,7 +1,6 @@
 """nntile_torch.nn.Linear against torch.nn.Linear: forward, every gradient, precisions, state_dict, bad input."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 import nntile_torch as nt
 from conftest import assert_close_as_torch, max_err

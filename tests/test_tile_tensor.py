@@ -3,7 +3,6 @@ import pytest
 import torch
 
 import nntile_torch as nt
-from conftest import device  # noqa: F401  (fixture)
 
 
 @pytest.mark.parametrize("shape,tile", [
