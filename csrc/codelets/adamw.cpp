@@ -1,6 +1,4 @@
 // Codelet for the AdamW update of one parameter tile with its gradient and two state tiles.
-#include <cstdlib>
-
 #include "../kernels/adamw.h"
 #include "codelet_util.h"
 #include "codelets.h"
@@ -57,8 +55,7 @@ starpu_codelet *cl_adamw() {
 
 void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, starpu_data_handle_t grad,
                   starpu_data_handle_t param, starpu_data_handle_t exp_avg, starpu_data_handle_t exp_avg_sq) {
-    auto *args = static_cast<AdamWArgs *>(std::malloc(sizeof(AdamWArgs)));
-    *args = AdamWArgs{n, s, init_state};
+    auto *args = cl_args(AdamWArgs{n, s, init_state});
     auto state_mode = init_state ? STARPU_W : STARPU_RW;
     NNTILE_STARPU_CHECK(starpu_task_insert(cl_adamw(), STARPU_R, grad, STARPU_RW, param, state_mode, exp_avg,
                                            state_mode, exp_avg_sq, STARPU_CL_ARGS, args, sizeof(AdamWArgs),

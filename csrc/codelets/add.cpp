@@ -1,6 +1,4 @@
 // Codelet for y = alpha x + beta y over whole tiles.
-#include <cstdlib>
-
 #include "../kernels/add.h"
 #include "codelet_util.h"
 #include "codelets.h"
@@ -43,8 +41,7 @@ starpu_codelet *cl_add() {
 }  // namespace
 
 void submit_add(int64_t n, float alpha, starpu_data_handle_t x, float beta, starpu_data_handle_t y) {
-    auto *args = static_cast<AddArgs *>(std::malloc(sizeof(AddArgs)));
-    *args = AddArgs{n, alpha, beta};
+    auto *args = cl_args(AddArgs{n, alpha, beta});
     NNTILE_STARPU_CHECK(starpu_task_insert(cl_add(), STARPU_R, x, beta == 0.f ? STARPU_W : STARPU_RW, y,
                                            STARPU_CL_ARGS, args, sizeof(AddArgs), STARPU_FLOPS, (double)(2 * n),
                                            STARPU_NAME, "add", 0),

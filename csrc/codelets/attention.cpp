@@ -1,6 +1,4 @@
 // Codelets for causal self-attention forward and backward on a tile of whole sequences.
-#include <cstdlib>
-
 #include "../kernels/attention.h"
 #include "codelet_util.h"
 #include "codelets.h"
@@ -34,29 +32,18 @@ void bwd_func(void *buffers[], void *cl_arg) {  // buffers: dy, qkv, dqkv
                                 (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]));
 }
 
-#ifdef NNTILE_USE_CUDA
-constexpr starpu_cuda_func_t fwd_cuda = fwd_func<true>, bwd_cuda = bwd_func<true>;
-#else
-constexpr starpu_cuda_func_t fwd_cuda = nullptr, bwd_cuda = nullptr;
-#endif
-
 starpu_codelet *cl_fwd() {
     static starpu_codelet *cl =
-        new_codelet<fwd_func<false>, fwd_cuda>("attention_forward", "nntile_attention_forward", attention_footprint);
+        new_codelet<fwd_func<false>, NNTILE_CUDA_IMPL(fwd_func<true>)>("attention_forward", "nntile_attention_forward", attention_footprint);
     return cl;
 }
 
 starpu_codelet *cl_bwd() {
     static starpu_codelet *cl =
-        new_codelet<bwd_func<false>, bwd_cuda>("attention_backward", "nntile_attention_backward", attention_footprint);
+        new_codelet<bwd_func<false>, NNTILE_CUDA_IMPL(bwd_func<true>)>("attention_backward", "nntile_attention_backward", attention_footprint);
     return cl;
 }
 
-AttentionArgs *make_args(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale) {
-    auto *args = static_cast<AttentionArgs *>(std::malloc(sizeof(AttentionArgs)));
-    *args = AttentionArgs{nseq, seq, c, nheads, scale};
-    return args;
-}
 
 }  // namespace
 
@@ -64,7 +51,7 @@ void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nhea
                               starpu_data_handle_t qkv, starpu_data_handle_t y) {
     double flops = 4.0 * nseq * seq * seq * c / 2;  // causal: half of QK^T and PV
     NNTILE_STARPU_CHECK(starpu_task_insert(cl_fwd(), STARPU_R, qkv, STARPU_W, y, STARPU_CL_ARGS,
-                                           make_args(nseq, seq, c, nheads, scale), sizeof(AttentionArgs), STARPU_FLOPS,
+                                           cl_args(AttentionArgs{nseq, seq, c, nheads, scale}), sizeof(AttentionArgs), STARPU_FLOPS,
                                            flops, STARPU_NAME, "attention_forward", 0),
                         "submitting attention_forward seq=" << seq << " c=" << c);
     count_task();
@@ -74,7 +61,7 @@ void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nhe
                                starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t dqkv) {
     double flops = 3.5 * 4.0 * nseq * seq * seq * c / 2;  // recomputed forward + backward
     NNTILE_STARPU_CHECK(starpu_task_insert(cl_bwd(), STARPU_R, dy, STARPU_R, qkv, STARPU_W, dqkv, STARPU_CL_ARGS,
-                                           make_args(nseq, seq, c, nheads, scale), sizeof(AttentionArgs), STARPU_FLOPS,
+                                           cl_args(AttentionArgs{nseq, seq, c, nheads, scale}), sizeof(AttentionArgs), STARPU_FLOPS,
                                            flops, STARPU_NAME, "attention_backward", 0),
                         "submitting attention_backward seq=" << seq << " c=" << c);
     count_task();

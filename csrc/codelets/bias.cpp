@@ -1,6 +1,4 @@
 // Codelets for bias add (forward) and bias gradient (column sums).
-#include <cstdlib>
-
 #include "../kernels/bias.h"
 #include "codelet_util.h"
 #include "codelets.h"
@@ -58,17 +56,12 @@ starpu_codelet *cl_bias_grad() {
     return cl;
 }
 
-BiasArgs *make_args(int64_t m, int64_t n, float beta) {
-    auto *args = static_cast<BiasArgs *>(std::malloc(sizeof(BiasArgs)));
-    *args = BiasArgs{m, n, beta};
-    return args;
-}
 
 }  // namespace
 
 void submit_bias_add(int64_t m, int64_t n, starpu_data_handle_t b, starpu_data_handle_t y) {
     NNTILE_STARPU_CHECK(starpu_task_insert(cl_bias_add(), STARPU_R, b, STARPU_RW, y, STARPU_CL_ARGS,
-                                           make_args(m, n, 1.f), sizeof(BiasArgs), STARPU_FLOPS, (double)(m * n),
+                                           cl_args(BiasArgs{m, n, 1.f}), sizeof(BiasArgs), STARPU_FLOPS, (double)(m * n),
                                            STARPU_NAME, "bias_add", 0),
                         "submitting bias_add m=" << m << " n=" << n);
     count_task();
@@ -76,7 +69,7 @@ void submit_bias_add(int64_t m, int64_t n, starpu_data_handle_t b, starpu_data_h
 
 void submit_bias_grad(int64_t m, int64_t n, starpu_data_handle_t dy, float beta, starpu_data_handle_t db) {
     NNTILE_STARPU_CHECK(starpu_task_insert(cl_bias_grad(), STARPU_R, dy, beta == 0.f ? STARPU_W : STARPU_RW, db,
-                                           STARPU_CL_ARGS, make_args(m, n, beta), sizeof(BiasArgs), STARPU_FLOPS,
+                                           STARPU_CL_ARGS, cl_args(BiasArgs{m, n, beta}), sizeof(BiasArgs), STARPU_FLOPS,
                                            (double)(m * n), STARPU_NAME, "bias_grad", 0),
                         "submitting bias_grad m=" << m << " n=" << n);
     count_task();

@@ -2,6 +2,7 @@
 #pragma once
 #include <starpu.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "../kernels/aten_tile.h"
@@ -80,6 +81,21 @@ kernels::Where where() {
 #endif
     return kernels::Where{};
 }
+
+// Task arguments in malloc'd memory, as STARPU_CL_ARGS wants (StarPU frees them after the task).
+template <class Args>
+Args *cl_args(const Args &a) {
+    auto *p = static_cast<Args *>(std::malloc(sizeof(Args)));
+    *p = a;
+    return p;
+}
+
+// The CUDA implementation of a codelet, or nullptr in a CPU-only build.
+#ifdef NNTILE_USE_CUDA
+#define NNTILE_CUDA_IMPL(f) f
+#else
+#define NNTILE_CUDA_IMPL(f) nullptr
+#endif
 
 template <class Args>
 inline const Args &args_of(starpu_task *task) {

@@ -1,6 +1,4 @@
 // Codelet for dtype conversion of a whole tile.
-#include <cstdlib>
-
 #include "../kernels/convert.h"
 #include "codelet_util.h"
 #include "codelets.h"
@@ -44,8 +42,7 @@ starpu_codelet *cl_convert() {
 }  // namespace
 
 void submit_convert(int64_t n, DType src_type, starpu_data_handle_t src, DType dst_type, starpu_data_handle_t dst) {
-    auto *args = static_cast<ConvertArgs *>(std::malloc(sizeof(ConvertArgs)));
-    *args = ConvertArgs{n, src_type, dst_type};
+    auto *args = cl_args(ConvertArgs{n, src_type, dst_type});
     NNTILE_STARPU_CHECK(starpu_task_insert(cl_convert(), STARPU_R, src, STARPU_W, dst, STARPU_CL_ARGS, args,
                                            sizeof(ConvertArgs), STARPU_NAME, "convert", 0),
                         "submitting convert n=" << n);

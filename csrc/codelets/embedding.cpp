@@ -1,6 +1,4 @@
 // Codelets for embedding lookup and gradient against one vocabulary tile.
-#include <cstdlib>
-
 #include "../kernels/embedding.h"
 #include "codelet_util.h"
 #include "codelets.h"
@@ -35,36 +33,25 @@ void bwd_func(void *buffers[], void *cl_arg) {  // buffers: ids, dy, dtable
                                 (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]));
 }
 
-#ifdef NNTILE_USE_CUDA
-constexpr starpu_cuda_func_t fwd_cuda = fwd_func<true>, bwd_cuda = bwd_func<true>;
-#else
-constexpr starpu_cuda_func_t fwd_cuda = nullptr, bwd_cuda = nullptr;
-#endif
-
 starpu_codelet *cl_fwd() {
     static starpu_codelet *cl =
-        new_codelet<fwd_func<false>, fwd_cuda>("embedding_forward", "nntile_embedding_forward", embedding_footprint);
+        new_codelet<fwd_func<false>, NNTILE_CUDA_IMPL(fwd_func<true>)>("embedding_forward", "nntile_embedding_forward", embedding_footprint);
     return cl;
 }
 
 starpu_codelet *cl_bwd() {
     static starpu_codelet *cl =
-        new_codelet<bwd_func<false>, bwd_cuda>("embedding_backward", "nntile_embedding_backward", embedding_footprint);
+        new_codelet<bwd_func<false>, NNTILE_CUDA_IMPL(bwd_func<true>)>("embedding_backward", "nntile_embedding_backward", embedding_footprint);
     return cl;
 }
 
-EmbeddingArgs *make_args(int64_t m, int64_t rows, int64_t c, int64_t lo, bool first) {
-    auto *args = static_cast<EmbeddingArgs *>(std::malloc(sizeof(EmbeddingArgs)));
-    *args = EmbeddingArgs{m, rows, c, lo, first};
-    return args;
-}
 
 }  // namespace
 
 void submit_embedding_forward(int64_t m, int64_t rows, int64_t c, int64_t lo, bool first, starpu_data_handle_t ids,
                               starpu_data_handle_t table, starpu_data_handle_t out) {
     NNTILE_STARPU_CHECK(starpu_task_insert(cl_fwd(), STARPU_R, ids, STARPU_R, table, first ? STARPU_W : STARPU_RW, out,
-                                           STARPU_CL_ARGS, make_args(m, rows, c, lo, first), sizeof(EmbeddingArgs),
+                                           STARPU_CL_ARGS, cl_args(EmbeddingArgs{m, rows, c, lo, first}), sizeof(EmbeddingArgs),
                                            STARPU_NAME, "embedding_forward", 0),
                         "submitting embedding_forward m=" << m << " rows=" << rows);
     count_task();
@@ -73,7 +60,7 @@ void submit_embedding_forward(int64_t m, int64_t rows, int64_t c, int64_t lo, bo
 void submit_embedding_backward(int64_t m, int64_t rows, int64_t c, int64_t lo, bool first, starpu_data_handle_t ids,
                                starpu_data_handle_t dy, starpu_data_handle_t dtable) {
     NNTILE_STARPU_CHECK(starpu_task_insert(cl_bwd(), STARPU_R, ids, STARPU_R, dy, first ? STARPU_W : STARPU_RW, dtable,
-                                           STARPU_CL_ARGS, make_args(m, rows, c, lo, first), sizeof(EmbeddingArgs),
+                                           STARPU_CL_ARGS, cl_args(EmbeddingArgs{m, rows, c, lo, first}), sizeof(EmbeddingArgs),
                                            STARPU_NAME, "embedding_backward", 0),
                         "submitting embedding_backward m=" << m << " rows=" << rows);
     count_task();

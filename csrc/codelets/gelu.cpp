@@ -1,6 +1,4 @@
 // Codelets for GELU forward (y = gelu(x)) and backward (dx = dy * gelu'(x)) over whole tiles.
-#include <cstdlib>
-
 #include "../kernels/gelu.h"
 #include "codelet_util.h"
 #include "codelets.h"
@@ -35,35 +33,24 @@ void gelu_bwd_func(void *buffers[], void *cl_arg) {
                            (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]));
 }
 
-#ifdef NNTILE_USE_CUDA
-constexpr starpu_cuda_func_t gelu_fwd_cuda = gelu_fwd_func<true>, gelu_bwd_cuda = gelu_bwd_func<true>;
-#else
-constexpr starpu_cuda_func_t gelu_fwd_cuda = nullptr, gelu_bwd_cuda = nullptr;
-#endif
-
 starpu_codelet *cl_gelu_forward() {
     static starpu_codelet *cl =
-        new_codelet<gelu_fwd_func<false>, gelu_fwd_cuda>("gelu_forward", "nntile_gelu_forward", gelu_footprint);
+        new_codelet<gelu_fwd_func<false>, NNTILE_CUDA_IMPL(gelu_fwd_func<true>)>("gelu_forward", "nntile_gelu_forward", gelu_footprint);
     return cl;
 }
 
 starpu_codelet *cl_gelu_backward() {
     static starpu_codelet *cl =
-        new_codelet<gelu_bwd_func<false>, gelu_bwd_cuda>("gelu_backward", "nntile_gelu_backward", gelu_footprint);
+        new_codelet<gelu_bwd_func<false>, NNTILE_CUDA_IMPL(gelu_bwd_func<true>)>("gelu_backward", "nntile_gelu_backward", gelu_footprint);
     return cl;
 }
 
-GeluArgs *make_args(int64_t n, bool tanh_approx) {
-    auto *args = static_cast<GeluArgs *>(std::malloc(sizeof(GeluArgs)));
-    *args = GeluArgs{n, tanh_approx};
-    return args;
-}
 
 }  // namespace
 
 void submit_gelu_forward(int64_t n, bool tanh_approx, starpu_data_handle_t x, starpu_data_handle_t y) {
     NNTILE_STARPU_CHECK(starpu_task_insert(cl_gelu_forward(), STARPU_R, x, STARPU_W, y, STARPU_CL_ARGS,
-                                           make_args(n, tanh_approx), sizeof(GeluArgs), STARPU_FLOPS, (double)(20 * n),
+                                           cl_args(GeluArgs{n, tanh_approx}), sizeof(GeluArgs), STARPU_FLOPS, (double)(20 * n),
                                            STARPU_NAME, "gelu_forward", 0),
                         "submitting gelu_forward n=" << n);
     count_task();
@@ -72,7 +59,7 @@ void submit_gelu_forward(int64_t n, bool tanh_approx, starpu_data_handle_t x, st
 void submit_gelu_backward(int64_t n, bool tanh_approx, starpu_data_handle_t dy, starpu_data_handle_t x,
                           starpu_data_handle_t dx) {
     NNTILE_STARPU_CHECK(starpu_task_insert(cl_gelu_backward(), STARPU_R, dy, STARPU_R, x, STARPU_W, dx, STARPU_CL_ARGS,
-                                           make_args(n, tanh_approx), sizeof(GeluArgs), STARPU_FLOPS, (double)(30 * n),
+                                           cl_args(GeluArgs{n, tanh_approx}), sizeof(GeluArgs), STARPU_FLOPS, (double)(30 * n),
                                            STARPU_NAME, "gelu_backward", 0),
                         "submitting gelu_backward n=" << n);
     count_task();

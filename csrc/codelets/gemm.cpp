@@ -1,6 +1,4 @@
 // Codelet for the tile GEMM: CPU (ATen BLAS) and CUDA (cuBLAS on StarPU's worker stream and handle).
-#include <cstdlib>
-
 #include "codelet_util.h"
 #include "codelets.h"
 #ifdef NNTILE_USE_CUDA
@@ -50,8 +48,7 @@ starpu_codelet *cl_gemm() {
 
 void submit_gemm(const kernels::GemmShape &s, Precision precision, DType ta, starpu_data_handle_t a, DType tb,
                  starpu_data_handle_t b, DType tc, starpu_data_handle_t c, int priority) {
-    auto *args = static_cast<GemmArgs *>(std::malloc(sizeof(GemmArgs)));
-    *args = GemmArgs{s, precision, ta, tb, tc};
+    auto *args = cl_args(GemmArgs{s, precision, ta, tb, tc});
     double flops = 2.0 * s.m * s.n * s.k;
     NNTILE_STARPU_CHECK(starpu_task_insert(cl_gemm(), STARPU_R, a, STARPU_R, b, s.beta == 0.f ? STARPU_W : STARPU_RW,
                                            c, STARPU_CL_ARGS, args, sizeof(GemmArgs), STARPU_FLOPS, flops,

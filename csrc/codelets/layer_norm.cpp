@@ -1,6 +1,4 @@
 // Codelets for LayerNorm forward and backward on a tile of whole rows (m, c).
-#include <cstdlib>
-
 #include "../kernels/layer_norm.h"
 #include "codelet_util.h"
 #include "codelets.h"
@@ -41,28 +39,17 @@ void bwd_func(void *buffers[], void *cl_arg) {
 }
 #undef NNTILE_PTR
 
-#ifdef NNTILE_USE_CUDA
-constexpr starpu_cuda_func_t fwd_cuda = fwd_func<true>, bwd_cuda = bwd_func<true>;
-#else
-constexpr starpu_cuda_func_t fwd_cuda = nullptr, bwd_cuda = nullptr;
-#endif
-
 starpu_codelet *cl_fwd() {
     static starpu_codelet *cl =
-        new_codelet<fwd_func<false>, fwd_cuda>("layer_norm_forward", "nntile_layer_norm_forward", layer_norm_footprint);
+        new_codelet<fwd_func<false>, NNTILE_CUDA_IMPL(fwd_func<true>)>("layer_norm_forward", "nntile_layer_norm_forward", layer_norm_footprint);
     return cl;
 }
 
 starpu_codelet *cl_bwd() {
-    static starpu_codelet *cl = new_codelet<bwd_func<false>, bwd_cuda>("layer_norm_backward", "nntile_layer_norm_backward", layer_norm_footprint);
+    static starpu_codelet *cl = new_codelet<bwd_func<false>, NNTILE_CUDA_IMPL(bwd_func<true>)>("layer_norm_backward", "nntile_layer_norm_backward", layer_norm_footprint);
     return cl;
 }
 
-LayerNormArgs *make_args(int64_t m, int64_t c, float eps, float beta) {
-    auto *args = static_cast<LayerNormArgs *>(std::malloc(sizeof(LayerNormArgs)));
-    *args = LayerNormArgs{m, c, eps, beta};
-    return args;
-}
 
 }  // namespace
 
@@ -71,7 +58,7 @@ void submit_layer_norm_forward(int64_t m, int64_t c, float eps, starpu_data_hand
                                starpu_data_handle_t rstd) {
     NNTILE_STARPU_CHECK(
         starpu_task_insert(cl_fwd(), STARPU_R, x, STARPU_R, weight, STARPU_R, bias, STARPU_W, y, STARPU_W, mean,
-                           STARPU_W, rstd, STARPU_CL_ARGS, make_args(m, c, eps, 0.f), sizeof(LayerNormArgs),
+                           STARPU_W, rstd, STARPU_CL_ARGS, cl_args(LayerNormArgs{m, c, eps, 0.f}), sizeof(LayerNormArgs),
                            STARPU_FLOPS, (double)(8 * m * c), STARPU_NAME, "layer_norm_forward", 0),
         "submitting layer_norm_forward m=" << m << " c=" << c);
     count_task();
@@ -84,7 +71,7 @@ void submit_layer_norm_backward(int64_t m, int64_t c, starpu_data_handle_t dy, s
     auto acc = beta == 0.f ? STARPU_W : STARPU_RW;
     NNTILE_STARPU_CHECK(
         starpu_task_insert(cl_bwd(), STARPU_R, dy, STARPU_R, x, STARPU_R, mean, STARPU_R, rstd, STARPU_R, weight,
-                           STARPU_W, dx, acc, dweight, acc, dbias, STARPU_CL_ARGS, make_args(m, c, 0.f, beta),
+                           STARPU_W, dx, acc, dweight, acc, dbias, STARPU_CL_ARGS, cl_args(LayerNormArgs{m, c, 0.f, beta}),
                            sizeof(LayerNormArgs), STARPU_FLOPS, (double)(12 * m * c), STARPU_NAME,
                            "layer_norm_backward", 0),
         "submitting layer_norm_backward m=" << m << " c=" << c);
