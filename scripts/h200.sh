@@ -24,7 +24,7 @@ status=0
 for step in "$@"; do
   t0=$(date +%s)
   case $step in
-    tests) python3 -m pytest -q -rs tests 2>&1 | tee "$OUT/tests.log" | tail -25; rc=${PIPESTATUS[0]} ;;
+    tests) python3 -m pytest -q -rs -p pytest_timeout --timeout 240 --timeout-method thread tests 2>&1 | tee "$OUT/tests.log" | tail -25; rc=${PIPESTATUS[0]} ;;
     gemm) python3 -m benchmarks.gemm --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | tail -30; rc=${PIPESTATUS[0]} ;;
     linear) for prec in bf16 tf32; do
               python3 -m benchmarks.linear --precision $prec --out "$OUT/linear_$prec.json" 2>&1 | tee -a "$OUT/linear.log" | tail -3
@@ -41,7 +41,7 @@ for step in "$@"; do
           (cd $dir && python3 -m benchmarks.linear --precision $prec 2>&1) | sed "s/^/$side: /" | tee -a "$OUT/ab.log" | tail -1
         done
       done; rc=0 ;;
-    train) python3 -m nntile_torch.train --model small --steps 300 --compare-torch --no-progress --out "$OUT/train" \
+    train) python3 -m nntile_torch.train --model small --steps 500 --compare-torch --no-progress --out "$OUT/train" \
              2>&1 | tail -3; rc=${PIPESTATUS[0]} ;;
     mlp) python3 -m nntile_torch.examples.mlp --steps 100 --out "$OUT/mlp" 2>&1 | tr '\r' '\n' | tail -3; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown step $step"; rc=2 ;;

@@ -11,7 +11,7 @@ namespace nntile::kernels {
 
 void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
                        const float *qkv, float *y);
-// Recomputes the forward (activation recomputation) and writes dqkv (nseq * seq, 3 * c).
+// Recomputes the forward (activation recomputation) and writes dqkv (nseq * seq, 3 * c). No autograd inside.
 void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
                         const float *dy, const float *qkv, float *dqkv);
 
