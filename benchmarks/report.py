@@ -1,0 +1,262 @@
+"""Tables and plots from the harness's results.jsonl: <dir>/results.md, throughput.png (tokens/s and TFLOP/s
+against model size, one line per backend), capacity.png (largest config completed, per backend) and loss.png
+(nntile and torch losses on the same batches), all written headless.
+
+    python -m benchmarks.report benchmarks/results/h200
+
+Where an attempt was repeated, the latest record counts.
+"""
+import argparse
+import json
+import os
+import sys
+
+from benchmarks.configs import fmt_params
+
+GiB = 2**30
+
+
+def load(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def latest(records, mode):
+    """The last record per (backend, variant, config, precision, batch, seq, gpus) of that mode."""
+    out = {}
+    for r in records:
+        if r.get("mode") == mode:
+            out[(r["backend"], r["variant"], r["config"], r["precision"], r["batch"], r["seq"], r["gpus"])] = r
+    return list(out.values())
+
+
+def label(r):
+    return f"{r['backend']}" + ("" if r["variant"] == "plain" else f":{r['variant']}") + f" {r['precision']}"
+
+
+def _f(r, k, fmt):
+    v = r.get(k)
+    return format(v, fmt) if v is not None else "-"
+
+
+def _gib(v):
+    return f"{v / GiB:.1f}" if v else "-"
+
+
+def throughput_table(rows):
+    head = ("| config | params | backend | variant | precision | GPUs | batch x seq | status | tokens/s | TFLOP/s "
+            "| MFU | step s | peak GPU GiB | peak host GiB | loss |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in sorted(rows, key=lambda r: (r["params"], r["precision"], r["backend"], r["variant"])):
+        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {(r.get('reason') or '')[:80]}"
+        lines.append(f"| {r['config']} | {fmt_params(r['params'])} | {r['backend']} | {r['variant']} | "
+                     f"{r['precision']} | {r['gpus']} | {r['batch']} x {r['seq']} | {status.replace('|', '/')} | "
+                     f"{_f(r, 'tokens_per_s', ',.0f')} | {_f(r, 'tflops', '.1f')} | {_f(r, 'mfu', '.2f')} | "
+                     f"{_f(r, 'step_s', '.3f')} | {_gib(r.get('peak_gpu_bytes'))} | {_gib(r.get('peak_host_bytes'))} | "
+                     f"{_f(r, 'loss', '.4f')} |")
+    return "\n".join(lines)
+
+
+def capacity(records):
+    """Per (backend, variant, precision, batch, seq): the largest ok config and the first failure above it."""
+    groups = {}
+    for r in latest(records, "capacity"):
+        groups.setdefault((r["backend"], r["variant"], r["precision"], r["batch"], r["seq"]), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        ok = [r for r in rs if r["status"] == "ok"]
+        best = max(ok, key=lambda r: r["params"]) if ok else None
+        above = [r for r in rs if r["status"] != "ok" and (best is None or r["params"] > best["params"])]
+        fail = min(above, key=lambda r: r["params"]) if above else None
+        out.append((key, best, fail))
+    return sorted(out, key=lambda t: -(t[1]["params"] if t[1] else 0))
+
+
+def capacity_table(caps):
+    head = "| backend | variant | precision | batch x seq | largest completed | params | step s | first failure |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for (b, v, p, batch, seq), best, fail in caps:
+        failure = (f"{fail['config']} ({fmt_params(fail['params'])}): {fail['status']}"
+                   f"{': ' + (fail.get('reason') or '')[:80] if fail.get('reason') else ''}" if fail else "-")
+        lines.append(f"| {b} | {v} | {p} | {batch} x {seq} | {best['config'] if best else 'none'} | "
+                     f"{fmt_params(best['params']) if best else '-'} | {_f(best or {}, 'step_s', '.2f')} | "
+                     f"{failure.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def environment(records):
+    lines = []
+    seen = set()
+    for r in records:
+        env = r.get("env") or {}
+        key = (r["machine"], env.get("gpu"), env.get("torch"), env.get("cuda"))
+        if env and key not in seen:
+            seen.add(key)
+            where = f"{env['gpu']} x {r['gpus']}" if env.get("gpu") else "CPU only"
+            lines.append(f"- {r['machine']}: {where}, torch {env.get('torch')}, "
+                         f"CUDA {env.get('cuda')}, transformers {env.get('transformers')}, Python {env.get('python')}, "
+                         f"{env.get('cpus')} CPU cores")
+    peaks = {r["precision"]: r["peak_tflops"] for r in records if r.get("peak_tflops")}
+    if peaks:
+        lines.append("- matmul peak (torch.matmul 8192^3, same run): " +
+                     ", ".join(f"{k} {v:.0f} TFLOP/s" for k, v in sorted(peaks.items())))
+    for r in records:
+        env = r.get("env") or {}
+        if r["backend"] == "nntile" and env.get("starpu"):
+            lines.append(f"- nntile: StarPU {env['starpu']}, scheduler {env.get('scheduler')}, workers "
+                         f"{env.get('workers')}, tile {env.get('tile_size')}, batch tile {env.get('batch_tile_size')}, "
+                         f"settings {env.get('nntile_settings')}")
+            break
+    for r in records:
+        env = r.get("env") or {}
+        if r["backend"] == "deepspeed" and env.get("deepspeed"):
+            lines.append(f"- deepspeed {env['deepspeed']}, optimizer {env.get('optimizer')}"
+                         + (f" ({env['optimizer_note']})" if env.get("optimizer_note") else ""))
+            break
+    return "\n".join(lines)
+
+
+def plot_throughput(rows, path):
+    import matplotlib.pyplot as plt
+    ok = [r for r in rows if r["status"] == "ok" and r.get("tokens_per_s")]
+    if not ok:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    series = {}
+    for r in ok:
+        series.setdefault(label(r), []).append(r)
+    for name, rs in sorted(series.items()):
+        rs.sort(key=lambda r: r["params"])
+        x = [r["params"] / 1e9 for r in rs]
+        axes[0].plot(x, [r["tokens_per_s"] for r in rs], "o-", label=name)
+        axes[1].plot(x, [r["tflops"] for r in rs], "o-", label=name)
+    for ax, what in zip(axes, ("tokens/s", "model TFLOP/s (6N + 12 L h seq per token)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("parameters (billions)")
+        ax.set_ylabel(what)
+        ax.grid(alpha=0.3)
+    b = ok[0]
+    fig.suptitle(f"GPT-2 training throughput, batch {b['batch']} x {b['seq']}, {b['machine']}")
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_capacity(caps, path):
+    import matplotlib.pyplot as plt
+    if not caps:
+        return False
+    names = [f"{b}" + ("" if v == "plain" else f":{v}") + f"\n{p}, b{batch}" for (b, v, p, batch, seq), _, _ in caps]
+    vals = [best["params"] / 1e9 if best else 0 for _, best, _ in caps]
+    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(caps)), 4.5))
+    bars = ax.bar(range(len(caps)), vals, color="tab:blue")
+    for bar, (_, best, fail) in zip(bars, caps):
+        text = (best["config"] if best else "none") + (f"\n(fails {fail['config']})" if fail else "")
+        ax.annotate(text, (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(range(len(caps)))
+    ax.set_xticklabels(names, fontsize=8)
+    ax.set_ylabel("largest model trained (billions of parameters)")
+    ax.set_title("Capacity: largest config that completes its steps")
+    ax.margins(y=0.2)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def loss_pairs(records):
+    """(torch record, nntile record) pairs on the same config, precision, batch, seq and steps; the longest last."""
+    best = {}
+    for r in records:
+        if r["status"] == "ok" and r["backend"] in ("torch", "nntile") and r.get("losses"):
+            best[(r["backend"], r["config"], r["precision"], r["batch"], r["seq"], len(r["losses"]))] = r
+    pairs = []
+    for (b, *rest), r in best.items():
+        if b == "torch" and ("nntile", *rest) in best:
+            pairs.append((r, best[("nntile", *rest)]))
+    return sorted(pairs, key=lambda p: (len(p[0]["losses"]), p[0]["params"]))
+
+
+def plot_losses(pairs, path):
+    import matplotlib.pyplot as plt
+    if not pairs:
+        return False
+    pairs = pairs[-4:]
+    fig, axes = plt.subplots(1, len(pairs), figsize=(6 * len(pairs), 4), squeeze=False)
+    for ax, (t, n) in zip(axes[0], pairs):
+        ax.plot(range(len(t["losses"])), t["losses"], label=f"torch:{t['variant']}")
+        ax.plot(range(len(n["losses"])), n["losses"], "--", label=f"nntile:{n['variant']}")
+        gap = max(abs(a - b) for a, b in zip(t["losses"], n["losses"]))
+        ax.set_title(f"{t['config']} {t['precision']}, batch {t['batch']} x {t['seq']}: max gap {gap:.2e}", fontsize=9)
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def report(folder):
+    import matplotlib
+    matplotlib.use("Agg")
+    path = os.path.join(folder, "results.jsonl")
+    if not os.path.exists(path):
+        raise SystemExit(f"no {path}: run python -m benchmarks.run --out {folder} first")
+    records = load(path)
+    rows = latest(records, "throughput")
+    caps = capacity(records)
+    pairs = loss_pairs(records)
+    md = [f"# Benchmark results ({len(records)} attempts in results.jsonl)", "", environment(records), ""]
+    if rows:
+        md += ["## Throughput", "", ("TFLOP/s count 6N + 12 L h seq FLOPs per token; MFU against the matmul peak "
+                                     "measured in the same run; step time is the median of the timed steps; peak GPU "
+                                     "memory is the device's memory in use (all allocators), peak host memory the sum "
+                                     "of the ranks' peak RSS."), "",
+               throughput_table(rows), ""]
+        if plot_throughput(rows, os.path.join(folder, "throughput.png")):
+            md += ["![throughput](throughput.png)", ""]
+    if caps:
+        md += ["## Capacity", "", capacity_table(caps), ""]
+        if plot_capacity(caps, os.path.join(folder, "capacity.png")):
+            md += ["![capacity](capacity.png)", ""]
+    if pairs:
+        md += ["## Loss: nntile vs torch on the same batches", ""]
+        for t, n in pairs:
+            gap = max(abs(a - b) for a, b in zip(t["losses"], n["losses"]))
+            md.append(f"- {t['config']} {t['precision']}, batch {t['batch']} x {t['seq']}, {len(t['losses'])} steps: "
+                      f"step 0 {t['losses'][0]:.4f} vs {n['losses'][0]:.4f}, last {t['losses'][-1]:.4f} vs "
+                      f"{n['losses'][-1]:.4f}, largest gap {gap:.2e}")
+        if plot_losses(pairs, os.path.join(folder, "loss.png")):
+            md += ["", "![loss](loss.png)"]
+        md.append("")
+    with open(os.path.join(folder, "results.md"), "w") as f:
+        f.write("\n".join(md))
+    return records
+
+
+def default_folder():
+    import torch
+
+    from benchmarks.run import ROOT, machine_name
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return os.path.join(ROOT, "benchmarks", "results", machine_name(gpu))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder", nargs="?", help="folder holding results.jsonl (default benchmarks/results/<machine>)")
+    args = ap.parse_args(argv)
+    folder = args.folder or default_folder()
+    records = report(folder)
+    made = [f for f in ("results.md", "throughput.png", "capacity.png", "loss.png")
+            if os.path.exists(os.path.join(folder, f))]
+    print(f"{len(records)} records; wrote {', '.join(made)} in {folder}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,432 @@
+"""Benchmark harness: GPT-2 training steps on nntile_torch beside PyTorch eager, FSDP, FSDP2 and DeepSpeed, with
+the same model, data, batch, sequence length and precision, each attempt in its own process.
+
+    python -m benchmarks.run --backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024
+    python -m benchmarks.run --backend fsdp:offload,fsdp2:offload,deepspeed --config xl,6.7b
+    python -m benchmarks.run --mode capacity --backend torch:ckpt,nntile --config 6.7b,13b,20b --steps 2
+    python -m benchmarks.run --list-configs
+
+Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:offload+ckpt):
+  torch      eager; variants plain, ckpt (activation checkpointing)
+  nntile     nntile_torch.convert + nntile_torch.optim.AdamW; variants plain, ckpt
+  fsdp       FSDP1 FULL_SHARD per GPT2Block; variants plain, offload (CPUOffload(offload_params=True)), ckpt
+  fsdp2      fully_shard per GPT2Block + root; variants plain, offload (CPUOffloadPolicy), ckpt
+  deepspeed  ZeRO-3; variants offload (params + optimizer to CPU, the default), nvme (to --nvme-path),
+             gpu (no offload), ckpt
+fsdp, fsdp2 and deepspeed run under torchrun on every visible GPU (one process with gloo on a CPU-only machine);
+torch and nntile in one process (nntile on all GPUs). Precision bf16: autocast / MixedPrecision / DeepSpeed bf16 /
+nntile bf16 matmuls, fp32 master weights everywhere; tf32: fp32 weights, TF32 matmuls.
+
+Each attempt appends one JSON line to <out>/results.jsonl (status ok, oom, error or unavailable, with a reason)
+and prints one progress line; its log is <out>/logs/<attempt>.log. Capacity mode climbs the configs in size order
+per backend and stops at the first that does not complete. `python -m benchmarks.report <out>` makes the table
+and plots.
+"""
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks.configs import (
+    CAPACITY_LADDER,
+    CONFIGS,
+    by_size,
+    flops_per_token,
+    fmt_params,
+    param_count,
+)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VARIANTS = {
+    "torch": ({"ckpt"}, ""),
+    "nntile": ({"ckpt"}, ""),
+    "fsdp": ({"offload", "ckpt"}, ""),
+    "fsdp2": ({"offload", "ckpt"}, ""),
+    "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),
+}
+DISTRIBUTED = {"fsdp", "fsdp2", "deepspeed"}
+GiB = 2**30
+
+
+def machine_name(gpu):
+    """'h200' from 'NVIDIA H200', 'h100' from 'NVIDIA H100 80GB HBM3'; 'cpu' without a GPU."""
+    if not gpu:
+        return "cpu"
+    words = [w for w in re.split(r"[\s_-]+", gpu.lower()) if w not in ("nvidia", "tesla", "geforce", "rtx")]
+    return re.sub(r"[^a-z0-9.]", "", words[0]) if words else "gpu"
+
+
+def canonical_variant(backend, text):
+    allowed, default = VARIANTS[backend]
+    flags = {f for f in (text or default).split("+") if f and f != "plain"}
+    bad = flags - allowed
+    if bad:
+        raise ValueError(f"{backend} has no variant flag {sorted(bad)} (flags: {sorted(allowed)}, or plain)")
+    if backend == "deepspeed":  # offloads to CPU unless told gpu (no offload) or nvme
+        if "gpu" in flags and flags & {"offload", "nvme"}:
+            raise ValueError("deepspeed variant 'gpu' (no offload) excludes offload and nvme")
+        if "nvme" in flags:
+            flags.discard("offload")
+        elif "gpu" not in flags:
+            flags.add("offload")
+    return "+".join(sorted(flags)) or "plain"
+
+
+def parse_backends(backends, variants):
+    """[(backend, variant)] from 'torch,fsdp:offload' and a --variant list for entries without one."""
+    out = []
+    for item in backends.split(","):
+        name, _, var = item.strip().partition(":")
+        if name not in VARIANTS:
+            raise ValueError(f"unknown backend {name!r} (known: {', '.join(VARIANTS)})")
+        for v in ([var] if var else variants or [None]):
+            try:
+                pair = (name, canonical_variant(name, v))
+            except ValueError as e:
+                if var or not variants or len(variants) == 1:
+                    raise
+                print(f"skipping {name}:{v}: {e}", flush=True)
+                continue
+            if pair not in out:
+                out.append(pair)
+    return out
+
+
+def gib(x):
+    return f"{x / GiB:.1f} GiB" if x else "-"
+
+
+def probe(workdir, cpu_only):
+    """GPUs, versions and matmul peaks, from a child process (the harness itself never touches the GPU)."""
+    if cpu_only or not (os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi")):
+        return {"gpus": 0, "gpu": None, "peak_tflops": {}, "torch": None}
+    path = os.path.join(workdir, "probe.json")
+    env = child_env(cpu_only)
+    r = subprocess.run([sys.executable, "-m", "benchmarks.worker", "--probe", path], env=env, capture_output=True,
+                       text=True, timeout=600, check=False)
+    if r.returncode != 0:
+        raise SystemExit(f"probe failed:\n{r.stdout}\n{r.stderr}")
+    with open(path) as f:
+        return json.load(f)
+
+
+def child_env(cpu_only):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    if cpu_only:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def address_space_cap(limit):
+    """A preexec_fn capping the attempt's address space (RLIMIT_AS) at `limit` bytes, or None. Emulates a smaller
+    host on CPU-only runs; CUDA reserves far more address space than memory, so not for GPU runs."""
+    if not limit:
+        return None
+
+    def apply():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return apply
+
+
+def wait_child(proc, timeout):
+    """Waits for proc with os.wait4, which gives this child's own resource usage (ru_maxrss covers its process
+    tree: torchrun's ranks too); kills its whole process group past `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    timed_out = False
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.monotonic() > deadline and not timed_out:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)
+            pid, status, ru = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.1)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, ru.ru_maxrss * 1024, timed_out
+
+
+def last_error_line(log_text):
+    lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.search(r"(Error|Exception|error:|Killed|Aborted)", ln) and not ln.startswith("File "):
+            return re.sub(r"^\[rank\d+\]:\s*", "", ln)[:500]
+    return lines[-1][:500] if lines else "no output"
+
+
+def precheck(a, cpu_only, args):
+    """Why the attempt cannot run here, found without starting it (the worker checks again), or None."""
+    flags = a["variant"].split("+")
+    if a["backend"] == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        return "deepspeed is not installed (pip install deepspeed; see scripts/h200.sh for carried wheels)"
+    if a["backend"] == "nntile" and importlib.util.find_spec("nntile_torch") is None:
+        return "nntile_torch is not importable"
+    if cpu_only and a["backend"] in ("fsdp", "fsdp2") and "offload" in flags:
+        return "CPU offload needs a GPU to offload from (none here)"
+    if "nvme" in flags and not args.nvme_path:
+        return "the nvme variant needs --nvme-path"
+    return None
+
+
+def run_attempt(a, args, machine, peaks, ngpus, logdir):
+    """Runs one attempt in its own process (torchrun for the distributed backends) and returns its record."""
+    name = f"{a['backend']}_{a['variant']}_{a['config']}_{a['precision']}_b{args.batch}_s{args.seq}"
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    log_path = os.path.join(logdir, f"{stamp}_{name}.log")
+    params = param_count(a["config"], args.seq)
+    shape = CONFIGS[a["config"]]
+    cpu_only = args.cpu or ngpus == 0
+    world = 1 if (cpu_only or a["backend"] not in DISTRIBUTED) else ngpus
+    with tempfile.TemporaryDirectory(prefix="bench_") as tmp:
+        spec = {"backend": a["backend"], "flags": [f for f in a["variant"].split("+") if f != "plain"],
+                "config": a["config"], "precision": a["precision"], "batch": args.batch, "seq": args.seq,
+                "steps": args.steps, "warmup": args.warmup, "seed": args.seed, "data_pool": args.data_pool,
+                "lr": args.lr, "weight_decay": 0.01, "params": params, "cpu": cpu_only,
+                "init_device": args.init_device, "zero_init": args.zero_init or a["mode"] == "capacity",
+                "ds_optimizer": args.ds_optimizer, "nvme_path": args.nvme_path,
+                "nntile": {"tile_size": args.tile_size, "batch_tile_size": args.batch_tile_size, "ncpus": args.ncpus,
+                           "ncuda": args.ncuda, "cuda_memory_limit": args.cuda_memory_limit,
+                           "host_memory_limit": args.host_memory_limit, "disk_path": args.disk_path,
+                           "disk_limit": args.disk_limit, "scheduler": args.scheduler},
+                "result": os.path.join(tmp, "result")}
+        spec_path = os.path.join(tmp, "spec.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        worker = ["-m", "benchmarks.worker", "--spec", spec_path]
+        if a["backend"] in DISTRIBUTED:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", *worker]
+        else:
+            cmd = [sys.executable, *worker]
+        rec = {"machine": machine, "backend": a["backend"], "variant": a["variant"], "config": a["config"],
+               "params": params, "layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads,
+               "vocab": shape.vocab, "precision": a["precision"], "gpus": 0 if cpu_only else world,
+               "batch": args.batch, "seq": args.seq, "steps": args.steps, "warmup": args.warmup, "mode": a["mode"],
+               "status": None, "reason": None, "tokens_per_s": None, "tflops": None, "mfu": None,
+               "peak_tflops": peaks.get(a["precision"]), "step_s": None, "peak_gpu_bytes": None,
+               "peak_host_bytes": None, "loss": None, "losses": None,
+               "time": datetime.datetime.now().isoformat(timespec="seconds"),
+               "log": os.path.relpath(log_path, args.out)}
+        reason = precheck(a, cpu_only, args)
+        if reason:
+            rec.update(status="unavailable", reason=reason, wall_s=0.0, log=None)
+            return rec
+        t0 = time.monotonic()
+        with open(log_path, "w") as log:
+            log.write(" ".join(cmd) + "\n" + json.dumps(spec) + "\n")
+            log.flush()
+            # Its own process group, so that a timeout kills torchrun's ranks too.
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(cpu_only), cwd=ROOT,
+                                    start_new_session=True,
+                                    preexec_fn=address_space_cap(args.host_memory_cap))  # noqa: PLW1509
+            rc, tree_rss, timed_out = wait_child(proc, args.timeout)
+        rec["wall_s"] = round(time.monotonic() - t0, 1)
+        ranks = []
+        for r in range(world):
+            p = f"{spec['result']}.rank{r}.json"
+            if os.path.exists(p):
+                with open(p) as f:
+                    ranks.append(json.load(f))
+    with open(log_path, errors="replace") as f:
+        log_text = f.read()
+    rec["returncode"] = rc
+    if timed_out:
+        rec.update(status="error", reason=f"timeout after {args.timeout} s")
+    elif ranks:
+        first = ranks[0]
+        bad = [r for r in ranks if r["status"] != "ok"]
+        worst = bad[0] if bad else first
+        rec.update(status=worst["status"], reason=worst["reason"])
+        for k in ("step_s", "step_times", "losses", "loss", "setup_s", "env"):
+            if k in first:
+                rec[k] = first[k]
+        if first.get("gpus") is not None and not cpu_only:
+            rec["gpus"] = first["gpus"]
+        gpu_peaks = [r["peak_gpu_bytes"] for r in ranks if r.get("peak_gpu_bytes")]
+        rec["peak_gpu_bytes"] = max(gpu_peaks) if gpu_peaks else None
+        rec["peak_host_bytes"] = sum(r.get("peak_host_bytes") or 0 for r in ranks) or tree_rss
+        if rc != 0 and not bad and len(ranks) < world:
+            rec.update(status="error", reason=last_error_line(log_text))
+    else:  # the child died before writing a result: killed (OOM killer: signal 9) or crashed
+        killed = rc == -9 or re.search(r"(exitcode\s*:\s*-9|Signal 9 \(SIGKILL\)|SIGKILL)", log_text)
+        rec.update(status="oom" if killed else "error",
+                   reason=("killed by signal 9 (out of host memory?)" if killed else last_error_line(log_text)))
+        rec["peak_host_bytes"] = tree_rss
+    if rec["status"] == "ok" and rec.get("step_s"):
+        tokens = args.batch * args.seq
+        rec["tokens_per_s"] = tokens / rec["step_s"]
+        rec["tflops"] = flops_per_token(params, shape.layers, shape.hidden, args.seq) * rec["tokens_per_s"] / 1e12
+        peak = peaks.get(a["precision"])
+        if peak and rec["gpus"]:
+            rec["mfu"] = rec["tflops"] / (peak * rec["gpus"])
+    return rec
+
+
+def progress(rec):
+    if rec["status"] != "ok":
+        return f"{rec['status']}: {rec['reason']} [{rec['wall_s']:.0f} s]"
+    mfu = f", MFU {rec['mfu']:.2f}" if rec["mfu"] is not None else ""
+    return (f"ok: {rec['tokens_per_s']:,.0f} tok/s, {rec['tflops']:.1f} TFLOP/s{mfu}, step {rec['step_s']:.3f} s, "
+            f"GPU {gib(rec['peak_gpu_bytes'])}, host {gib(rec['peak_host_bytes'])}, loss {rec['loss']:.4f} "
+            f"[{rec['wall_s']:.0f} s]")
+
+
+def table(records):
+    head = ("| backend | variant | config | params | prec | status | tok/s | TFLOP/s | MFU | step s | GPU GiB "
+            "| host GiB |")
+    rows = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in records:
+        def f(k, fmt, r=r):
+            return format(r[k], fmt) if r.get(k) is not None else "-"
+        rows.append(f"| {r['backend']} | {r['variant']} | {r['config']} | {fmt_params(r['params'])} | "
+                    f"{r['precision']} | "
+                    f"{r['status']} | {f('tokens_per_s', ',.0f')} | {f('tflops', '.1f')} | {f('mfu', '.2f')} | "
+                    f"{f('step_s', '.3f')} | {(r['peak_gpu_bytes'] or 0) / GiB:.1f} | "
+                    f"{(r['peak_host_bytes'] or 0) / GiB:.1f} |")
+    return "\n".join(rows)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", default="torch,nntile", help="comma list of backend[:variant] (default torch,nntile)")
+    ap.add_argument("--variant", help="comma list of variants for backends given without one")
+    ap.add_argument("--config", help=f"comma list of configs (default: xl; capacity: {','.join(CAPACITY_LADDER)})")
+    ap.add_argument("--precision", default="bf16", help="comma list of bf16, tf32, fp32 (default bf16)")
+    ap.add_argument("--mode", default="throughput", choices=["throughput", "capacity"])
+    ap.add_argument("--batch", type=int, default=8, help="global batch in sequences (default 8)")
+    ap.add_argument("--seq", type=int, default=1024, help="sequence length (default 1024)")
+    ap.add_argument("--steps", type=int, default=5,
+                    help="timed steps after warm-up; the median is reported (default 5)")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per attempt, then killed (default 1800)")
+    ap.add_argument("--out", help="results folder (default benchmarks/results/<machine>)")
+    ap.add_argument("--seed", type=int, default=0, help="weights and data seed (default 0)")
+    ap.add_argument("--data-pool", type=int, default=64, help="distinct random sequences the batches draw from")
+    ap.add_argument("--lr", type=float, default=1e-4)
+    ap.add_argument("--cpu", action="store_true", help="run on the CPU even when there is a GPU")
+    ap.add_argument("--host-memory-cap", help="cap each attempt's address space (RLIMIT_AS), e.g. 8GiB: emulates a "
+                    "smaller host in CPU-only runs (CUDA needs far more address space than memory)")
+    ap.add_argument("--init-device", default="auto", choices=["auto", "cuda", "cpu"],
+                    help="where the dense model is built before sharding/conversion (auto: GPU if it fits)")
+    g = ap.add_argument_group("nntile")
+    g.add_argument("--tile-size", type=int, help="weight tile edge in elements (default max(1024, 3 x width))")
+    g.add_argument("--batch-tile-size", type=int, help="rows per activation tile (default: seq)")
+    g.add_argument("--ncpus", type=int, help="StarPU CPU workers (default StarPU's)")
+    g.add_argument("--ncuda", type=int, help="StarPU CUDA workers (default: every GPU)")
+    g.add_argument("--cuda-memory-limit", help="StarPU's share of each GPU, e.g. 120GiB")
+    g.add_argument("--host-memory-limit", help="StarPU's share of host RAM, e.g. 100GiB")
+    g.add_argument("--disk-path", help="folder for a StarPU disk node")
+    g.add_argument("--disk-limit", help="size of the disk node, e.g. 500GiB")
+    g.add_argument("--scheduler", help="StarPU scheduler (default dmdas with GPUs, lws on CPUs)")
+    g = ap.add_argument_group("deepspeed")
+    g.add_argument("--nvme-path", help="folder for the nvme variant's offload")
+    g.add_argument("--ds-optimizer", default="auto", choices=["auto", "cpuadam", "torch"],
+                   help="DeepSpeedCPUAdam (compiled on first use) or torch.optim.AdamW (auto: cpuadam when "
+                        "offloading on a GPU machine, falling back to torch if it cannot be built)")
+    g.add_argument("--zero-init", action="store_true",
+                   help="build the model under deepspeed.zero.Init (always in capacity mode)")
+    ap.add_argument("--list-configs", action="store_true", help="print the configs with their sizes and exit")
+    ap.add_argument("--dry-run", action="store_true", help="print the attempts and exit")
+    args = ap.parse_args(argv)
+    for k in ("batch", "seq", "steps"):
+        if getattr(args, k) <= 0:
+            ap.error(f"--{k} must be positive (got {getattr(args, k)})")
+    if args.warmup < 0:
+        ap.error(f"--warmup must be >= 0 (got {args.warmup})")
+    try:
+        args.pairs = parse_backends(args.backend, args.variant.split(",") if args.variant else None)
+    except ValueError as e:
+        ap.error(str(e))
+    default = "xl" if args.mode == "throughput" else ",".join(CAPACITY_LADDER)
+    args.configs = [c.strip() for c in (args.config or default).split(",")]
+    unknown = [c for c in args.configs if c not in CONFIGS]
+    if unknown:
+        ap.error(f"unknown config(s) {unknown} (known: {', '.join(CONFIGS)})")
+    if args.host_memory_cap:
+        from nntile_torch.runtime import parse_bytes
+        args.host_memory_cap = parse_bytes(args.host_memory_cap, "--host-memory-cap")
+    args.precisions = [p.strip() for p in args.precision.split(",")]
+    if any(p not in ("bf16", "tf32", "fp32") for p in args.precisions):
+        ap.error(f"--precision takes bf16, tf32, fp32 (got {args.precision})")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.list_configs:
+        for n, s in CONFIGS.items():
+            print(f"{n:11s} {s.layers:3d} layers x {s.hidden:5d}, {s.heads:3d} heads, vocab {s.vocab}: "
+                  f"{param_count(n, args.seq):>14,d} params ({fmt_params(param_count(n, args.seq))}) at seq {args.seq}"
+                  f"  {s.note}")
+        return []
+    if args.mode == "throughput":
+        plan = [{"backend": b, "variant": v, "config": c, "precision": p, "mode": "throughput"}
+                for c in args.configs for p in args.precisions for b, v in args.pairs]
+    else:
+        plan = None  # built as the search goes
+    if args.dry_run:
+        for a in plan or [{"backend": b, "variant": v, "config": c, "precision": p} for b, v in args.pairs
+                          for p in args.precisions for c in by_size(args.configs, args.seq)]:
+            print(f"{a['backend']}:{a['variant']} {a['config']} {a['precision']}")
+        return []
+    with tempfile.TemporaryDirectory(prefix="bench_probe_") as tmp:
+        info = probe(tmp, args.cpu)
+    ngpus = 0 if args.cpu else info["gpus"]
+    machine = machine_name(info["gpu"] if ngpus else None)
+    args.out = args.out or os.path.join(ROOT, "benchmarks", "results", machine)
+    logdir = os.path.join(args.out, "logs")
+    os.makedirs(logdir, exist_ok=True)
+    peaks = info["peak_tflops"] if ngpus else {}
+    where = f"{ngpus} x {info['gpu']}" if ngpus else "CPU only"
+    print(f"benchmarks.run: {where}" + (f", torch {info['torch']}" if info["torch"] else "") +
+          (", matmul peak " + ", ".join(f"{k} {v:.0f}" for k, v in peaks.items()) + " TFLOP/s" if peaks else "") +
+          f"; batch {args.batch} x seq {args.seq}, {args.warmup} warm-up + {args.steps} timed steps; "
+          f"results in {args.out}", flush=True)
+    if args.steps < 5:
+        print(f"note: {args.steps} timed steps (a median over at least 5 is the convention for reported figures)")
+    records = []
+
+    def attempt(a, i, n):
+        head = f"[{i}/{n}] {a['mode']} {a['backend']}:{a['variant']} {a['config']} " \
+               f"({fmt_params(param_count(a['config'], args.seq))}) {a['precision']} ..."
+        print(head, end=" ", flush=True)
+        rec = run_attempt(a, args, machine, peaks, ngpus, logdir)
+        print(progress(rec), flush=True)
+        with open(os.path.join(args.out, "results.jsonl"), "a") as f:
+            f.write(json.dumps(rec, default=str) + "\n")
+        records.append(rec)
+        return rec
+
+    if plan is not None:
+        for i, a in enumerate(plan, 1):
+            attempt(a, i, len(plan))
+    else:
+        ladder = by_size(args.configs, args.seq)
+        for b, v in args.pairs:
+            for p in args.precisions:
+                best = None
+                for i, c in enumerate(ladder, 1):
+                    a = {"backend": b, "variant": v, "config": c, "precision": p, "mode": "capacity"}
+                    rec = attempt(a, i, len(ladder))
+                    if rec["status"] != "ok":
+                        break
+                    best = rec
+                print(f"capacity {b}:{v} {p}: " + (f"{best['config']} ({fmt_params(best['params'])})" if best
+                                                     else "none of the configs") +
+                      f" completes {args.warmup + args.steps} steps at batch {args.batch} x {args.seq}", flush=True)
+    print(table(records))
+    return records
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,467 @@
+"""One benchmark attempt, in its own process (launched by benchmarks.run; torchrun launches it once per GPU for
+fsdp, fsdp2 and deepspeed). Trains a GPT-2 config for warm-up + timed steps on synthetic, deterministic batches
+and writes <result>.rank<R>.json: status ("ok", "oom", "error", "unavailable"), reason, per-step times and
+losses, peak memory and the environment. Derived metrics (tokens/s, TFLOP/s, MFU) are computed by the harness.
+
+    python -m benchmarks.worker --spec attempt.json        # the spec is written by benchmarks.run
+    python -m benchmarks.worker --probe out.json           # GPUs, versions, measured matmul peaks
+"""
+import argparse
+import contextlib
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import threading
+import time
+import traceback
+
+import torch
+
+from benchmarks.configs import hf_config
+
+
+class Unavailable(Exception):
+    """The backend cannot run here (missing package, no GPU for an offload, ...): recorded, not an error."""
+
+
+def is_oom(exc):
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = f"{type(exc).__name__}: {exc}".lower()
+    return any(s in text for s in ("out of memory", "cuda_error_out_of_memory", "cannot allocate memory",
+                                   "std::bad_alloc", "memoryerror"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Synthetic data: a fixed pool of random sequences (seeded on the CPU, so every backend and device sees the same
+# ids); step s draws `batch` of them. A pool rather than fresh noise so the loss goes down and curves compare.
+
+def batch_ids(spec, step, vocab):
+    g = torch.Generator().manual_seed(spec["seed"])
+    pool = torch.randint(0, vocab, (spec["data_pool"], spec["seq"]), generator=g)
+    pick = torch.randint(0, spec["data_pool"], (spec["batch"],),
+                         generator=torch.Generator().manual_seed(spec["seed"] * 1_000_003 + step))
+    return pool[pick]  # (batch, seq) int64
+
+
+class PeakGpuMemory:
+    """Peak device memory in use (all of it: torch's caching allocator, StarPU's pool, CUDA context), sampled by a
+    thread every `period` seconds through cudaMemGetInfo. torch.cuda.max_memory_allocated would miss StarPU."""
+
+    def __init__(self, device, period=0.02):
+        self.device, self.period, self.peak = device, period, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self):
+        free, total = torch.cuda.mem_get_info(self.device)
+        self.peak = max(self.peak, total - free)
+
+    def _run(self):
+        torch.cuda.set_device(self.device)
+        while not self._stop.wait(self.period):
+            self._sample()
+
+    def start(self):
+        self._sample()
+        self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        return self.peak
+
+
+def build_model(spec, device):
+    """GPT2LMHeadModel with weights drawn from spec["seed"] on `device` (same seed + device: same weights)."""
+    import transformers
+    torch.manual_seed(spec["seed"])
+    with torch.device(device):
+        model = transformers.GPT2LMHeadModel(hf_config(spec["config"], spec["seq"]))
+    model.train()
+    if "ckpt" in spec["flags"]:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def init_device(spec, cuda):
+    """Where the dense model is first built: on the GPU when its fp32 weights take under 45% of the GPU's memory
+    (fast random init, same weights for every backend), else in host RAM (slow, single-threaded init)."""
+    if spec["init_device"] != "auto":
+        return spec["init_device"]
+    if not cuda:
+        return "cpu"
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return "cuda" if 4 * spec["params"] <= 0.45 * total else "cpu"
+
+
+def set_precision(precision):
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
+def torch_adamw(params, spec, on_cuda):
+    # fused on the GPU (one kernel per step); with params in host RAM torch's default (foreach) path.
+    return torch.optim.AdamW(params, lr=spec["lr"], weight_decay=spec["weight_decay"], fused=True if on_cuda else None)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Backends. Each returns (step(ids) -> loss tensor or float, sync(), env dict, gpus).
+
+def setup_torch(spec, cuda, rank, world):
+    device = "cuda" if cuda else "cpu"
+    dev0 = init_device(spec, cuda)
+    model = build_model(spec, dev0).to(device)
+    counted = sum(p.numel() for p in model.parameters())
+    opt = torch_adamw(model.parameters(), spec, cuda)
+    bf16 = spec["precision"] == "bf16"
+
+    def step(ids):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        return loss
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    env = {"init_device": dev0, "optimizer": "torch.optim.AdamW" + (" (fused)" if cuda else ""),
+           "autocast": "bf16" if bf16 else None, "params_counted": counted}
+    return step, sync, env, 1 if cuda else 0, device
+
+
+def setup_nntile(spec, cuda, rank, world):
+    try:
+        import nntile_torch as nt
+    except Exception as e:  # any import failure means the backend is not here
+        raise Unavailable(f"nntile_torch not importable: {type(e).__name__}: {e}") from e
+    o = spec["nntile"]
+    if cuda and not nt._C.built_with_cuda:
+        cuda = False
+    nt.init(ncpus=o["ncpus"], ncuda=o["ncuda"] if cuda else 0, cuda_memory_limit=o["cuda_memory_limit"],
+            host_memory_limit=o["host_memory_limit"], disk_path=o["disk_path"], disk_limit=o["disk_limit"],
+            scheduler=o["scheduler"])
+    device = "cuda" if cuda else "cpu"
+    dev0 = init_device(spec, cuda)
+    width = hf_config(spec["config"], spec["seq"]).n_embd
+    # Defaults as the training CLI: weight tiles hold 3 x width (LayerNorm and attention need whole rows in one
+    # tile to stay tile tasks), activation tiles one sequence.
+    tile = o["tile_size"] or max(1024, 3 * width)
+    btile = o["batch_tile_size"] or spec["seq"]
+    model = nt.convert(build_model(spec, dev0), precision=spec["precision"], tile_size=tile, batch_tile_size=btile)
+    if cuda:
+        torch.cuda.empty_cache()  # the dense weights are gone; give their memory back to the device
+    counted = sum(p.numel() for p in model.parameters())
+    opt = nt.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
+
+    def step(ids):
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        return loss
+
+    def sync():
+        nt.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
+
+    info = nt.info()
+    env = {"init_device": dev0, "optimizer": "nntile_torch.optim.AdamW", "tile_size": tile, "batch_tile_size": btile,
+           "starpu": info.get("starpu_version"), "scheduler": info.get("scheduler"), "workers": info.get("workers"),
+           "memory_nodes": info.get("memory_nodes"), "cuda_memory_split": info.get("cuda_memory_split"),
+           "nntile_settings": info.get("settings"), "params_counted": counted, "_stats": nt.stats}
+    gpus = (info.get("workers") or {}).get("cuda", 0) if cuda else 0
+    return step, sync, env, gpus, device
+
+
+def _dist_init(cuda):
+    import torch.distributed as dist
+    if not dist.is_available():
+        raise Unavailable("torch.distributed is not available in this torch build")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=torch.device("cuda", local) if cuda else None)
+    return local
+
+
+def setup_fsdp(spec, cuda, rank, world):
+    from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+    offload = "offload" in spec["flags"]
+    if offload and not cuda:
+        raise Unavailable("CPU offload needs a GPU to offload from (none here)")
+    local = _dist_init(cuda)
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    dev0 = init_device(spec, cuda)
+    model = build_model(spec, dev0)
+    bf16 = spec["precision"] == "bf16"
+    mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
+    model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, auto_wrap_policy=ModuleWrapPolicy({GPT2Block}),
+                 mixed_precision=mp, cpu_offload=CPUOffload(offload_params=True) if offload else None,
+                 device_id=device, use_orig_params=True, limit_all_gathers=True)
+    opt = torch_adamw(model.parameters(), spec, cuda and not offload)
+
+    def step(ids):
+        opt.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        return loss
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    env = {"init_device": dev0, "wrap": "GPT2Block", "sharding": "FULL_SHARD", "cpu_offload": offload,
+           "mixed_precision": "param bf16, reduce fp32" if bf16 else None,
+           "optimizer": "torch.optim.AdamW" + (" (fused)" if cuda and not offload else "")}
+    return step, sync, env, world if cuda else 0, device
+
+
+def setup_fsdp2(spec, cuda, rank, world):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
+    offload = "offload" in spec["flags"]
+    if offload and not cuda:
+        raise Unavailable("CPU offload needs a GPU to offload from (none here)")
+    local = _dist_init(cuda)
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    dev0 = init_device(spec, cuda)
+    model = build_model(spec, dev0)
+    bf16 = spec["precision"] == "bf16"
+    mesh = init_device_mesh("cuda" if cuda else "cpu", (world,))
+    kw = {"mesh": mesh,
+          "mp_policy": (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
+                        else MixedPrecisionPolicy()),
+          "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
+    for block in model.transformer.h:
+        fully_shard(block, **kw)
+    fully_shard(model, **kw)
+    if not offload:
+        model.to(device)
+    opt = torch_adamw(model.parameters(), spec, cuda and not offload)
+
+    def step(ids):
+        opt.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        return loss
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    env = {"init_device": dev0, "wrap": "fully_shard per GPT2Block + root", "cpu_offload": offload,
+           "mixed_precision": "param bf16, reduce fp32" if bf16 else None,
+           "optimizer": "torch.optim.AdamW" + (" (fused)" if cuda and not offload else "")}
+    return step, sync, env, world if cuda else 0, device
+
+
+def setup_deepspeed(spec, cuda, rank, world):
+    try:
+        import deepspeed
+    except Exception as e:
+        raise Unavailable(f"deepspeed not importable: {type(e).__name__}: {e}") from e
+    flags = spec["flags"]
+    nvme = "nvme" in flags
+    offload = not ("gpu" in flags)
+    if nvme and not spec["nvme_path"]:
+        raise Unavailable("the nvme variant needs --nvme-path")
+    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda:
+        torch.cuda.set_device(local)
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    bf16 = spec["precision"] == "bf16"
+    target = {"device": "nvme", "nvme_path": spec["nvme_path"]} if nvme else {"device": "cpu"}
+    zero = {"stage": 3, "overlap_comm": True, "contiguous_gradients": True,
+            "stage3_max_live_parameters": 1e9, "stage3_prefetch_bucket_size": 5e8}
+    if offload:
+        zero["offload_param"] = dict(target, pin_memory=True)
+        zero["offload_optimizer"] = dict(target, pin_memory=True)
+    ds_opt = spec["ds_optimizer"]
+    if ds_opt == "auto":
+        ds_opt = "cpuadam" if (offload and cuda) else "torch"
+    config = {"train_micro_batch_size_per_gpu": spec["batch"] // world, "gradient_accumulation_steps": 1,
+              "zero_optimization": zero, "bf16": {"enabled": bf16}, "steps_per_print": 10**9,
+              "wall_clock_breakdown": False, "zero_allow_untested_optimizer": True,
+              "zero_force_ds_cpu_optimizer": False}
+    zero_init = spec["zero_init"]
+    dev0 = "zero.Init" if zero_init else init_device(spec, cuda)
+    if zero_init:
+        # Parameters are partitioned (and offloaded) as they are created, so no rank ever holds the whole model;
+        # HF's initialization then runs per module on gathered parameters (its values differ from the others').
+        import transformers
+        torch.manual_seed(spec["seed"])
+        with deepspeed.zero.Init(config_dict_or_path=config, remote_device=target["device"] if offload else None):
+            model = transformers.GPT2LMHeadModel(hf_config(spec["config"], spec["seq"]))
+        for m in model.modules():
+            ps = list(m.parameters(recurse=False))
+            if ps:
+                with deepspeed.zero.GatheredParameters(ps, modifier_rank=0):
+                    model._init_weights(m)
+        model.train()
+        if "ckpt" in flags:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model = build_model(spec, dev0)
+    note = None
+    if ds_opt == "cpuadam":
+        try:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+            opt = DeepSpeedCPUAdam(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"],
+                                   adamw_mode=True)
+        except Exception as e:  # noqa: BLE001  (the op is compiled on first use; fall back when that fails)
+            note = f"DeepSpeedCPUAdam unavailable ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
+            ds_opt = "torch"
+    if ds_opt == "torch":
+        opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
+
+    def step(ids):
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        return loss
+
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    env = {"init_device": dev0, "deepspeed": deepspeed.__version__, "zero_stage": 3,
+           "offload": target["device"] if offload else None, "optimizer": type(opt).__name__,
+           "optimizer_note": note, "ds_config": config}
+    return step, sync, env, world if cuda else 0, device
+
+
+BACKENDS = {"torch": setup_torch, "nntile": setup_nntile, "fsdp": setup_fsdp, "fsdp2": setup_fsdp2,
+            "deepspeed": setup_deepspeed}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+def base_env(cuda):
+    import transformers
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "transformers": transformers.__version__, "host": platform.node(), "cpus": os.cpu_count()}
+    if cuda:
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["gpu_memory_bytes"] = torch.cuda.get_device_properties(0).total_memory
+    return env
+
+
+def run_attempt(spec, rank, world):
+    cuda = torch.cuda.is_available() and not spec["cpu"]
+    res = {"status": "ok", "reason": None, "rank": rank, "world": world}
+    monitor = None
+    try:
+        setup = BACKENDS[spec["backend"]]
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            monitor = PeakGpuMemory(torch.cuda.current_device()).start()
+        set_precision(spec["precision"])
+        res["env"] = base_env(cuda)
+        t0 = time.perf_counter()
+        step, sync, env, gpus, device = setup(spec, cuda, rank, world)
+        stats = env.pop("_stats", None)
+        res["env"].update(env)
+        res["gpus"] = gpus
+        res["setup_s"] = time.perf_counter() - t0
+        per_rank = spec["batch"] // world if spec["backend"] in ("fsdp", "fsdp2", "deepspeed") else spec["batch"]
+        vocab = hf_config(spec["config"], spec["seq"]).vocab_size
+        times, losses = [], []
+        for s in range(spec["warmup"] + spec["steps"]):
+            ids = batch_ids(spec, s, vocab)[rank * per_rank:(rank + 1) * per_rank].to(device)
+            sync()
+            t = time.perf_counter()
+            loss = step(ids)
+            value = float(loss.detach()) if torch.is_tensor(loss) else float(loss)  # a host wait, as when logging
+            sync()
+            times.append(time.perf_counter() - t)
+            losses.append(value)
+            print(f"step {s}: {times[-1]:.3f} s, loss {value:.4f}", flush=True)
+        if world > 1:
+            import torch.distributed as dist
+            t = torch.tensor(losses, dtype=torch.float64, device=device)
+            dist.all_reduce(t)
+            losses = (t / world).tolist()
+        timed = times[spec["warmup"]:]
+        res.update(step_s=statistics.median(timed), step_times=times, losses=losses, loss=losses[-1])
+        if stats is not None:
+            res["env"]["nntile_stats"] = stats()
+    except Unavailable as e:
+        res.update(status="unavailable", reason=str(e))
+    except BaseException as e:  # noqa: BLE001  (anything else is recorded; the harness reads the file)
+        traceback.print_exc()
+        res.update(status="oom" if is_oom(e) else "error", reason=f"{type(e).__name__}: {e}".splitlines()[0][:500])
+    finally:
+        if monitor is not None:
+            res["peak_gpu_bytes"] = monitor.stop()
+            res["peak_torch_bytes"] = torch.cuda.max_memory_allocated()
+        res["peak_host_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return res
+
+
+def probe(path):
+    """GPU count and name, versions, and matmul peaks (8192^3, median of 10 after 3) for the MFU denominators."""
+    cuda = torch.cuda.is_available()
+    out = {"gpus": torch.cuda.device_count() if cuda else 0, "torch": torch.__version__, "cuda": torch.version.cuda,
+           "gpu": torch.cuda.get_device_name(0) if cuda else None, "peak_tflops": {}}
+    if cuda:
+        n = 8192
+        for name, dtype, tf32 in (("bf16", torch.bfloat16, False), ("tf32", torch.float32, True),
+                                  ("fp32", torch.float32, False)):
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            a = torch.randn(n, n, device="cuda", dtype=dtype)
+            b = torch.randn(n, n, device="cuda", dtype=dtype)
+            ts = []
+            for i in range(13):
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                torch.matmul(a, b)
+                torch.cuda.synchronize()
+                if i >= 3:
+                    ts.append(time.perf_counter() - t)
+            out["peak_tflops"][name] = 2 * n**3 / statistics.median(ts) / 1e12
+            del a, b
+    with open(path, "w") as f:
+        json.dump(out, f)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--spec", help="attempt spec (JSON) written by benchmarks.run")
+    g.add_argument("--probe", help="write GPU count, versions and matmul peaks to this JSON file")
+    args = ap.parse_args()
+    if args.probe:
+        return probe(args.probe)
+    with open(args.spec) as f:
+        spec = json.load(f)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    res = run_attempt(spec, rank, world)
+    with open(f"{spec['result']}.rank{rank}.json", "w") as f:
+        json.dump(res, f, default=str)
+    print(f"result: {res['status']}" + (f" ({res['reason']})" if res["reason"] else ""), flush=True)
+    with contextlib.suppress(Exception):
+        import torch.distributed as dist
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    nt = sys.modules.get("nntile_torch")
+    if nt is not None and nt.is_running():
+        nt.runtime._exit()  # stops StarPU (which saves its calibrated performance models), keeps no tile data
+    sys.stdout.flush()
+    # Skip interpreter teardown (StarPU, NCCL and DeepSpeed threads can make it slow or hang); the result is on disk.
+    os._exit(0 if res["status"] in ("ok", "unavailable") else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,128 @@
+"""CPU smoke test of the benchmark harness: python -m benchmarks.run at the tiny config on every backend (each in
+its own process; those that cannot run here are recorded as unavailable with a reason), a capacity search that
+hits a (capped) out-of-memory, and python -m benchmarks.report on the results."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks.configs import CONFIGS, flops_per_token, param_count
+from benchmarks.run import machine_name, parse_backends
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--config", "tiny", "--precision", "tf32", "--batch", "4", "--seq", "32", "--steps", "2", "--warmup", "1",
+        "--cpu", "--timeout", "150"]
+FIELDS = ("machine", "backend", "variant", "config", "params", "layers", "hidden", "precision", "gpus", "batch", "seq",
+          "mode", "status", "reason", "tokens_per_s", "tflops", "mfu", "step_s", "peak_gpu_bytes", "peak_host_bytes",
+          "loss", "losses")
+
+
+def harness(*args, cwd):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=400,
+                       check=False)
+    assert r.returncode == 0, f"{args} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    run_out = harness("benchmarks.run", "--backend", "torch,nntile,fsdp,fsdp2,fsdp:offload,fsdp2:offload,deepspeed",
+                      *TINY, "--out", str(out), cwd=out)
+    # Capacity: tiny fits under a 5 GiB address-space cap, large (774M parameters) does not; xl is never tried.
+    cap_out = harness("benchmarks.run", "--mode", "capacity", "--backend", "torch", *TINY, "--config", "xl,large,tiny",
+                      "--host-memory-cap", "5GiB", "--out", str(out), cwd=out)
+    recs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return {"out": out, "stdout": run_out, "cap_stdout": cap_out, "recs": recs,
+            "by": {(r["mode"], r["backend"], r["variant"]): r for r in recs}}
+
+
+def test_every_attempt_is_recorded_with_its_fields(bench):
+    recs = [r for r in bench["recs"] if r["mode"] == "throughput"]
+    assert [(r["backend"], r["variant"]) for r in recs] == [
+        ("torch", "plain"), ("nntile", "plain"), ("fsdp", "plain"), ("fsdp2", "plain"), ("fsdp", "offload"),
+        ("fsdp2", "offload"), ("deepspeed", "offload")]
+    for r in recs:
+        missing = [k for k in FIELDS if k not in r]
+        assert not missing, f"{r['backend']}: missing {missing}"
+        assert r["status"] in ("ok", "unavailable"), f"{r['backend']}:{r['variant']}: {r['status']}: {r['reason']}"
+        assert r["machine"] == "cpu" and r["gpus"] == 0 and r["mfu"] is None and r["peak_gpu_bytes"] is None
+        assert (r["config"], r["params"], r["layers"], r["hidden"]) == ("tiny", 118528, 2, 64)
+        if r["status"] == "unavailable":
+            assert r["reason"], r
+    # One progress line per attempt, then the table.
+    progress = [ln for ln in bench["stdout"].splitlines() if ln.startswith("[")]
+    assert len(progress) == 7 and all(" ok: " in ln or " unavailable: " in ln for ln in progress), progress
+    assert "| backend | variant |" in bench["stdout"]
+
+
+def test_torch_and_nntile_train_the_same_model_on_the_same_batches(bench):
+    t, n = bench["by"]["throughput", "torch", "plain"], bench["by"]["throughput", "nntile", "plain"]
+    for r in (t, n):
+        assert r["status"] == "ok", r["reason"]
+        assert r["env"]["params_counted"] == r["params"] == param_count("tiny", 32)
+        assert len(r["losses"]) == 3 and all(math.isfinite(v) for v in r["losses"])
+        assert r["loss"] == r["losses"][-1]
+        assert 4.5 < r["losses"][0] < 6.5  # about ln(256) for a fresh model
+        assert r["step_s"] > 0 and r["tokens_per_s"] == pytest.approx(4 * 32 / r["step_s"])
+        assert r["tflops"] == pytest.approx(flops_per_token(r["params"], 2, 64, 32) * r["tokens_per_s"] / 1e12)
+        assert r["peak_host_bytes"] > 2**20
+    # Same seed, same weights, same ids, fp32 on the CPU: the same loss at every step.
+    for a, b in zip(t["losses"], n["losses"]):
+        assert abs(a - b) <= 1e-4, (t["losses"], n["losses"])
+    assert n["env"]["tile_size"] >= 3 * 64 and n["env"]["batch_tile_size"] == 32 and n["env"]["starpu"]
+
+
+def test_sharded_backends_match_torch_or_say_why_not(bench):
+    t = bench["by"]["throughput", "torch", "plain"]
+    for b in ("fsdp", "fsdp2", "deepspeed"):
+        v = "offload" if b == "deepspeed" else "plain"
+        r = bench["by"]["throughput", b, v]
+        if r["status"] == "unavailable":
+            assert r["reason"]
+            continue
+        assert len(r["losses"]) == 3 and all(math.isfinite(x) for x in r["losses"])
+        if b != "deepspeed":  # one rank: the same model and batches as torch
+            assert abs(r["losses"][0] - t["losses"][0]) <= 1e-4
+    for b in ("fsdp", "fsdp2"):
+        r = bench["by"]["throughput", b, "offload"]
+        assert r["status"] == "unavailable" and "GPU" in r["reason"]
+
+
+def test_capacity_search_stops_at_the_first_failure(bench):
+    cap = [r for r in bench["recs"] if r["mode"] == "capacity"]
+    assert [(r["config"], r["status"]) for r in cap] == [("tiny", "ok"), ("large", "oom")], cap
+    assert "allocate" in cap[1]["reason"]
+    assert "capacity torch:plain tf32: tiny" in bench["cap_stdout"]
+
+
+def test_report_writes_table_and_plots(bench):
+    out = bench["out"]
+    stdout = harness("benchmarks.report", str(out), cwd=out)
+    assert "wrote results.md" in stdout
+    md = (out / "results.md").read_text()
+    assert "## Throughput" in md and "## Capacity" in md and "| tiny |" in md
+    assert "| torch | plain | tf32 | 4 x 32 | tiny |" in md
+    for png in ("throughput.png", "capacity.png", "loss.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_backend_and_variant_parsing():
+    assert parse_backends("torch,fsdp:offload+ckpt,deepspeed", None) == [
+        ("torch", "plain"), ("fsdp", "ckpt+offload"), ("deepspeed", "offload")]
+    assert parse_backends("deepspeed:gpu,deepspeed:nvme", None) == [("deepspeed", "gpu"), ("deepspeed", "nvme")]
+    assert parse_backends("torch,fsdp2", ["plain", "offload"]) == [
+        ("torch", "plain"), ("fsdp2", "plain"), ("fsdp2", "offload")]
+    with pytest.raises(ValueError, match="no variant flag"):
+        parse_backends("torch:offload", None)
+    with pytest.raises(ValueError, match="unknown backend"):
+        parse_backends("megatron", None)
+    assert machine_name("NVIDIA H200") == "h200" and machine_name("NVIDIA H100 80GB HBM3") == "h100"
+    assert machine_name(None) == "cpu"
+    # Exact counts of the named shapes (tied LM head), e.g. GPT-2 small and XL.
+    assert param_count("gpt2", 1024) == 124_439_808 and param_count("xl", 1024) == 1_557_611_200
+    assert CONFIGS["20b"].heads == 48 and 19e9 < param_count("20b", 1024) < 21e9
