@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (through the device tool): installs the StarPU prefix carried in .carry/starpu, builds
-# the extension against the machine's torch, then runs what is asked: tests, gemm, linear, ab (benchmarks), train (main job), mlp.
+# the extension against the machine's torch, then runs what is asked: tests, gemm, linear, ab (benchmarks), train (main job), mlp,
+# bench (the benchmark harness, plan in BENCH_ARGS).
 # Logs go to $OUT.
 #   bash scripts/h200.sh tests gemm
 # Prepare the carry here first: bash scripts/prepare_carry.sh
@@ -43,6 +44,20 @@ for step in "$@"; do
       done; rc=0 ;;
     train) python3 -m nntile_torch.train --model small --steps 500 --compare-torch --no-progress --out "$OUT/train" \
              2>&1 | tail -3; rc=${PIPESTATUS[0]} ;;
+    bench)  # the benchmark harness; BENCH_ARGS: one plan of benchmarks.run arguments, or several joined by ';'
+      if compgen -G ".whl/*.whl" >/dev/null; then  # carried wheels (DeepSpeed and its missing dependencies)
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+          .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+      fi
+      bdir=/tmp/bench; rc=0
+      IFS=';' read -ra plans <<< "${BENCH_ARGS:---backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024}"
+      for plan in "${plans[@]}"; do
+        # shellcheck disable=SC2086  # a plan is a list of arguments
+        python3 -m benchmarks.run $plan --out $bdir 2>&1 | tee -a "$OUT/bench.log"; [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+      done
+      python3 -m benchmarks.report $bdir 2>&1 | tee -a "$OUT/bench.log"
+      cp $bdir/results.md "$OUT/" 2>/dev/null
+      tar czf "$OUT/bench.tgz" -C $bdir . ;;  # results.jsonl, results.md, plots, one log per attempt
     mlp) python3 -m nntile_torch.examples.mlp --steps 100 --out "$OUT/mlp" 2>&1 | tr '\r' '\n' | tail -3; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
