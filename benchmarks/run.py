@@ -138,19 +138,53 @@ def address_space_cap(limit):
     return apply
 
 
+def descendants(root):
+    """Pids of every process below root (from /proc), found before anything is killed: torchrun starts its ranks
+    in sessions of their own, so killing torchrun's process group does not reach them."""
+    children = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def wait_child(proc, timeout):
     """Waits for proc with os.wait4, which gives this child's own resource usage (ru_maxrss covers its process
-    tree: torchrun's ranks too); kills its whole process group past `timeout` seconds."""
+    tree: torchrun's ranks too); stops the whole tree past `timeout` seconds."""
     deadline = time.monotonic() + timeout
-    timed_out = False
     while True:
         pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
         if pid:
+            timed_out = False
             break
-        if time.monotonic() > deadline and not timed_out:
+        if time.monotonic() > deadline:
             timed_out = True
-            os.killpg(proc.pid, signal.SIGKILL)
-            pid, status, ru = os.wait4(proc.pid, 0)
+            tree = descendants(proc.pid)
+            os.killpg(proc.pid, signal.SIGTERM)  # torchrun passes it on to its ranks
+            end = time.monotonic() + 10
+            while time.monotonic() < end:
+                pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                time.sleep(0.2)
+            else:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pid, status, ru = os.wait4(proc.pid, 0)
+            for p in tree:  # ranks in sessions of their own, if any outlived torchrun
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             break
         time.sleep(0.1)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -241,7 +275,7 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
         log_text = f.read()
     rec["returncode"] = rc
     if timed_out:
-        rec.update(status="error", reason=f"timeout after {args.timeout} s")
+        rec.update(status="error", reason=f"timeout after {args.timeout:g} s")
     elif ranks:
         first = ranks[0]
         bad = [r for r in ranks if r["status"] != "ok"]

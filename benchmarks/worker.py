@@ -147,8 +147,8 @@ def setup_nntile(spec, cuda, rank, world):
     nt.init(ncpus=o["ncpus"], ncuda=o["ncuda"] if cuda else 0, cuda_memory_limit=o["cuda_memory_limit"],
             host_memory_limit=o["host_memory_limit"], disk_path=o["disk_path"], disk_limit=o["disk_limit"],
             scheduler=o["scheduler"])
-    device = "cuda" if cuda else "cpu"
     dev0 = init_device(spec, cuda)
+    device = dev0  # the tile modules' home: inputs go there (StarPU still places the tasks on every GPU)
     width = hf_config(spec["config"], spec["seq"]).n_embd
     # Defaults as the training CLI: weight tiles hold 3 x width (LayerNorm and attention need whole rows in one
     # tile to stay tile tasks), activation tiles one sequence.
