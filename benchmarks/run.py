@@ -288,6 +288,8 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
             rec["gpus"] = first["gpus"]
         gpu_peaks = [r["peak_gpu_bytes"] for r in ranks if r.get("peak_gpu_bytes")]
         rec["peak_gpu_bytes"] = max(gpu_peaks) if gpu_peaks else None
+        torch_peaks = [r["peak_torch_bytes"] for r in ranks if r.get("peak_torch_bytes")]
+        rec["peak_torch_bytes"] = max(torch_peaks) if torch_peaks else None
         rec["peak_host_bytes"] = sum(r.get("peak_host_bytes") or 0 for r in ranks) or tree_rss
         if rc != 0 and not bad and len(ranks) < world:
             rec.update(status="error", reason=last_error_line(log_text))
