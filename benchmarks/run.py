@@ -26,6 +26,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import math
 import os
 import re
 import resource
@@ -263,7 +264,7 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(cpu_only), cwd=ROOT,
                                     start_new_session=True,
                                     preexec_fn=address_space_cap(args.host_memory_cap))  # noqa: PLW1509
-            rc, tree_rss, timed_out = wait_child(proc, args.timeout)
+            rc, tree_rss, timed_out = wait_child(proc, a["timeout"])
         rec["wall_s"] = round(time.monotonic() - t0, 1)
         ranks = []
         for r in range(world):
@@ -275,7 +276,7 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
         log_text = f.read()
     rec["returncode"] = rc
     if timed_out:
-        rec.update(status="error", reason=f"timeout after {args.timeout:g} s")
+        rec.update(status="error", reason=f"timeout after {a['timeout']:.0f} s")
     elif ranks:
         first = ranks[0]
         bad = [r for r in ranks if r["status"] != "ok"]
@@ -345,6 +346,8 @@ def parse_args(argv=None):
                     help="timed steps after warm-up; the median is reported (default 5)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per attempt, then killed (default 1800)")
+    ap.add_argument("--budget", type=float, help="seconds for this whole invocation: attempts are cut to what is "
+                    "left and none starts with under 30 s left")
     ap.add_argument("--out", help="results folder (default benchmarks/results/<machine>)")
     ap.add_argument("--seed", type=int, default=0, help="weights and data seed (default 0)")
     ap.add_argument("--data-pool", type=int, default=64, help="distinct random sequences the batches draw from")
@@ -398,6 +401,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
+    started = time.monotonic()
     args = parse_args(argv)
     if args.list_configs:
         for n, s in CONFIGS.items():
@@ -435,6 +439,11 @@ def main(argv=None):
     def attempt(a, i, n):
         head = f"[{i}/{n}] {a['mode']} {a['backend']}:{a['variant']} {a['config']} " \
                f"({fmt_params(param_count(a['config'], args.seq))}) {a['precision']} ..."
+        left = args.budget - (time.monotonic() - started) if args.budget is not None else math.inf
+        if left < 30:
+            print(f"{head} not started: under 30 s of the {args.budget:.0f} s --budget left", flush=True)
+            return None
+        a["timeout"] = min(args.timeout, left)
         print(head, end=" ", flush=True)
         rec = run_attempt(a, args, machine, peaks, ngpus, logdir)
         print(progress(rec), flush=True)
@@ -454,7 +463,7 @@ def main(argv=None):
                 for i, c in enumerate(ladder, 1):
                     a = {"backend": b, "variant": v, "config": c, "precision": p, "mode": "capacity"}
                     rec = attempt(a, i, len(ladder))
-                    if rec["status"] != "ok":
+                    if rec is None or rec["status"] != "ok":
                         break
                     best = rec
                 print(f"capacity {b}:{v} {p}: " + (f"{best['config']} ({fmt_params(best['params'])})" if best

@@ -44,16 +44,18 @@ for step in "$@"; do
       done; rc=0 ;;
     train) python3 -m nntile_torch.train --model small --steps 500 --compare-torch --no-progress --out "$OUT/train" \
              2>&1 | tail -3; rc=${PIPESTATUS[0]} ;;
-    bench)  # the benchmark harness; BENCH_ARGS: one plan of benchmarks.run arguments, or several joined by ';'
+    bench)  # the benchmark harness; BENCH_ARGS: benchmarks.run arguments, several plans joined by ';';
+            # BENCH_BUDGET: seconds for all of them (default 420; attempts are cut to fit)
       if compgen -G ".whl/*.whl" >/dev/null; then  # carried wheels (DeepSpeed and its missing dependencies)
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
           .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
       fi
-      bdir=/tmp/bench; rc=0
+      bdir=/tmp/bench; rc=0; end=$(( $(date +%s) + ${BENCH_BUDGET:-420} ))  # seconds for all plans together
       IFS=';' read -ra plans <<< "${BENCH_ARGS:---backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024}"
       for plan in "${plans[@]}"; do
         # shellcheck disable=SC2086  # a plan is a list of arguments
-        python3 -m benchmarks.run $plan --out $bdir 2>&1 | tee -a "$OUT/bench.log"; [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+        python3 -m benchmarks.run $plan --out $bdir --budget $(( end - $(date +%s) )) 2>&1 | tee -a "$OUT/bench.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       done
       python3 -m benchmarks.report $bdir 2>&1 | tee -a "$OUT/bench.log"
       cp $bdir/results.md "$OUT/" 2>/dev/null
