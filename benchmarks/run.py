@@ -200,7 +200,7 @@ def last_error_line(log_text):
     return lines[-1][:500] if lines else "no output"
 
 
-def precheck(a, cpu_only, args):
+def precheck(a, cpu_only, args, world):
     """Why the attempt cannot run here, found without starting it (the worker checks again), or None."""
     flags = a["variant"].split("+")
     if a["backend"] == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
@@ -211,6 +211,8 @@ def precheck(a, cpu_only, args):
         return "CPU offload needs a GPU to offload from (none here)"
     if "nvme" in flags and not args.nvme_path:
         return "the nvme variant needs --nvme-path"
+    if args.batch % world:
+        return f"batch {args.batch} does not split over {world} GPUs"
     return None
 
 
@@ -252,7 +254,7 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
                "peak_host_bytes": None, "loss": None, "losses": None,
                "time": datetime.datetime.now().isoformat(timespec="seconds"),
                "log": os.path.relpath(log_path, args.out)}
-        reason = precheck(a, cpu_only, args)
+        reason = precheck(a, cpu_only, args, world)
         if reason:
             rec.update(status="unavailable", reason=reason, wall_s=0.0, log=None)
             return rec

@@ -8,6 +8,7 @@ losses, peak memory and the environment. Derived metrics (tokens/s, TFLOP/s, MFU
 """
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import platform
@@ -106,9 +107,10 @@ def set_precision(precision):
     torch.backends.cudnn.allow_tf32 = tf32
 
 
-def torch_adamw(params, spec, on_cuda):
-    # fused on the GPU (one kernel per step); with params in host RAM torch's default (foreach) path.
-    return torch.optim.AdamW(params, lr=spec["lr"], weight_decay=spec["weight_decay"], fused=True if on_cuda else None)
+def torch_adamw(params, spec):
+    # Fused: one pass over each parameter and its states per step, on the GPU and (for offloaded FSDP shards,
+    # DTensors included) on the CPU; torch's foreach path makes several.
+    return torch.optim.AdamW(params, lr=spec["lr"], weight_decay=spec["weight_decay"], fused=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -119,7 +121,7 @@ def setup_torch(spec, cuda, rank, world):
     dev0 = init_device(spec, cuda)
     model = build_model(spec, dev0).to(device)
     counted = sum(p.numel() for p in model.parameters())
-    opt = torch_adamw(model.parameters(), spec, cuda)
+    opt = torch_adamw(model.parameters(), spec)
     bf16 = spec["precision"] == "bf16"
 
     def step(ids):
@@ -131,7 +133,7 @@ def setup_torch(spec, cuda, rank, world):
         return loss
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    env = {"init_device": dev0, "optimizer": "torch.optim.AdamW" + (" (fused)" if cuda else ""),
+    env = {"init_device": dev0, "optimizer": "torch.optim.AdamW (fused)",
            "autocast": "bf16" if bf16 else None, "params_counted": counted}
     return step, sync, env, 1 if cuda else 0, device
 
@@ -210,7 +212,7 @@ def setup_fsdp(spec, cuda, rank, world):
     model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, auto_wrap_policy=ModuleWrapPolicy({GPT2Block}),
                  mixed_precision=mp, cpu_offload=CPUOffload(offload_params=True) if offload else None,
                  device_id=device, use_orig_params=True, limit_all_gathers=True)
-    opt = torch_adamw(model.parameters(), spec, cuda and not offload)
+    opt = torch_adamw(model.parameters(), spec)
 
     def step(ids):
         opt.zero_grad(set_to_none=True)
@@ -220,9 +222,11 @@ def setup_fsdp(spec, cuda, rank, world):
         return loss
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    env = {"init_device": dev0, "wrap": "GPT2Block", "sharding": "FULL_SHARD", "cpu_offload": offload,
+    # FSDP1 itself turns FULL_SHARD into NO_SHARD for one rank (the same thing there); say so.
+    env = {"init_device": dev0, "wrap": "GPT2Block", "sharding": "FULL_SHARD" if world > 1 else "NO_SHARD (1 rank)",
+           "cpu_offload": offload,
            "mixed_precision": "param bf16, reduce fp32" if bf16 else None,
-           "optimizer": "torch.optim.AdamW" + (" (fused)" if cuda and not offload else "")}
+           "optimizer": "torch.optim.AdamW (fused, on the CPU when offloaded)"}
     return step, sync, env, world if cuda else 0, device
 
 
@@ -252,7 +256,7 @@ def setup_fsdp2(spec, cuda, rank, world):
     fully_shard(model, **kw)
     if not offload:
         model.to(device)
-    opt = torch_adamw(model.parameters(), spec, cuda and not offload)
+    opt = torch_adamw(model.parameters(), spec)
 
     def step(ids):
         opt.zero_grad(set_to_none=True)
@@ -264,7 +268,7 @@ def setup_fsdp2(spec, cuda, rank, world):
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     env = {"init_device": dev0, "wrap": "fully_shard per GPT2Block + root", "cpu_offload": offload,
            "mixed_precision": "param bf16, reduce fp32" if bf16 else None,
-           "optimizer": "torch.optim.AdamW" + (" (fused)" if cuda and not offload else "")}
+           "optimizer": "torch.optim.AdamW (fused, on the CPU when offloaded)"}
     return step, sync, env, world if cuda else 0, device
 
 
@@ -303,9 +307,11 @@ def setup_deepspeed(spec, cuda, rank, world):
         # Parameters are partitioned (and offloaded) as they are created, so no rank ever holds the whole model;
         # HF's initialization then runs per module on gathered parameters (its values differ from the others').
         import transformers
+        importlib.import_module("torch._dynamo")  # imported inside zero.Init, its Tensor.__new__ patch breaks it
+        cls, cfg = transformers.GPT2LMHeadModel, hf_config(spec["config"], spec["seq"])  # lazy imports done here
         torch.manual_seed(spec["seed"])
         with deepspeed.zero.Init(config_dict_or_path=config, remote_device=target["device"] if offload else None):
-            model = transformers.GPT2LMHeadModel(hf_config(spec["config"], spec["seq"]))
+            model = cls(cfg)
         for m in model.modules():
             ps = list(m.parameters(recurse=False))
             if ps:
@@ -326,7 +332,7 @@ def setup_deepspeed(spec, cuda, rank, world):
             note = f"DeepSpeedCPUAdam unavailable ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
             ds_opt = "torch"
     if ds_opt == "torch":
-        opt = torch.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
+        opt = torch_adamw(model.parameters(), spec)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
 
     def step(ids):
