@@ -25,7 +25,10 @@ status=0
 for step in "$@"; do
   t0=$(date +%s)
   case $step in
-    tests) python3 -m pytest -q -rs -p pytest_timeout --timeout 240 --timeout-method thread tests 2>&1 | tee "$OUT/tests.log" | tail -25; rc=${PIPESTATUS[0]} ;;
+    tests) python3 -m pytest -q -rs --timeout 240 --timeout-method thread tests 2>&1 | tee "$OUT/tests.log" | tail -25; rc=${PIPESTATUS[0]} ;;
+    gputests)  # the CUDA variants of the op and model parity tests
+      python3 -m pytest -q -rs --timeout 100 --timeout-method thread -k cuda tests/test_norm_act.py tests/test_convert.py \
+        tests/test_adamw.py 2>&1 | tee "$OUT/gputests.log" | tail -25; rc=${PIPESTATUS[0]} ;;
     gemm) python3 -m benchmarks.gemm --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | tail -30; rc=${PIPESTATUS[0]} ;;
     linear) for prec in bf16 tf32; do
               python3 -m benchmarks.linear --precision $prec --out "$OUT/linear_$prec.json" 2>&1 | tee -a "$OUT/linear.log" | tail -3

@@ -13,11 +13,24 @@ namespace nntile::kernels {
 namespace {
 // (nseq * seq, 3c) -> q, k, v each (nseq, nheads, seq, hd), the layout scaled_dot_product_attention gets from
 // Hugging Face's GPT-2 (contiguous per (sequence, position), heads transposed in front).
-std::array<at::Tensor, 3> split_heads(const at::Tensor &qkv, int64_t nseq, int64_t seq, int64_t c, int64_t nheads) {
-    auto t = qkv.view({nseq, seq, 3, nheads, c / nheads});
-    auto part = [&](int64_t i) { return t.select(2, i).contiguous().transpose(1, 2); };
+// On GPUs the head size is zero-padded to a multiple of 8 (the memory-efficient kernel's alignment): zero
+// columns change neither q.k nor the first hd columns of the output, so the result is exact.
+int64_t padded_hd(const Where &w, int64_t hd) { return w.cuda ? (hd + 7) / 8 * 8 : hd; }
+
+std::array<at::Tensor, 3> split_heads(const Where &w, const at::Tensor &qkv, int64_t nseq, int64_t seq, int64_t c,
+                                      int64_t nheads) {
+    int64_t hd = c / nheads, hp = padded_hd(w, hd);
+    auto t = qkv.view({nseq, seq, 3, nheads, hd});
+    auto part = [&](int64_t i) {
+        auto x = t.select(2, i);
+        x = hp == hd ? x.contiguous() : at::constant_pad_nd(x, {0, hp - hd});
+        return x.transpose(1, 2);
+    };
     return {part(0), part(1), part(2)};
 }
+
+// (nseq, nheads, seq, hp) -> (nseq, seq, nheads, hd)
+at::Tensor unpad(const at::Tensor &x, int64_t hd) { return x.transpose(1, 2).narrow(3, 0, hd); }
 
 // Output (nseq, nheads, seq, hd) and what the backward needs.
 struct Forward {
@@ -41,18 +54,20 @@ void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int
                        const float *qkv, float *y) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
-    auto [q, k, v] = split_heads(wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads);
+    auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads);
     auto f = attend(w, q, k, v, scale);
-    wrap(y, {nseq, seq, nheads, c / nheads}, w).copy_(f.out.transpose(1, 2));
+    wrap(y, {nseq, seq, nheads, c / nheads}, w).copy_(unpad(f.out, c / nheads));
 }
 
 void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
                         const float *dy, const float *qkv, float *dqkv) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
-    auto [q, k, v] = split_heads(wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads);
+    int64_t hd = c / nheads, hp = padded_hd(w, hd);
+    auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads);
     auto f = attend(w, q, k, v, scale);  // recomputed: nothing of the forward is kept between the passes
-    auto g = wrap(dy, {nseq, seq, nheads, c / nheads}, w).transpose(1, 2);
+    auto g = wrap(dy, {nseq, seq, nheads, hd}, w);
+    g = (hp == hd ? g : at::constant_pad_nd(g, {0, hp - hd})).transpose(1, 2);
     at::Tensor gq, gk, gv;
     if (w.cuda) {
         std::tie(gq, gk, gv, std::ignore) = at::_scaled_dot_product_efficient_attention_backward(
@@ -63,9 +78,9 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
             g, q, k, v, f.out, f.logsumexp, 0.0, /*is_causal=*/true, std::nullopt, (double)scale);
     }
     auto out = wrap(dqkv, {nseq, seq, 3, nheads, c / nheads}, w);
-    out.select(2, 0).copy_(gq.transpose(1, 2));
-    out.select(2, 1).copy_(gk.transpose(1, 2));
-    out.select(2, 2).copy_(gv.transpose(1, 2));
+    out.select(2, 0).copy_(unpad(gq, hd));
+    out.select(2, 1).copy_(unpad(gk, hd));
+    out.select(2, 2).copy_(unpad(gv, hd));
 }
 
 }  // namespace nntile::kernels
