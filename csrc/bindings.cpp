@@ -68,7 +68,7 @@ PYBIND11_MODULE(_C, m) {
     m.def(
         "init",
         [](int ncpus, int ncuda, int64_t cuda_limit, int64_t host_limit, std::string disk_path, int64_t disk_limit,
-           std::string scheduler) {
+           std::string scheduler, int cpu_tasks) {
             RuntimeConfig c;
             c.ncpus = ncpus;
             c.ncuda = ncuda;
@@ -77,11 +77,12 @@ PYBIND11_MODULE(_C, m) {
             c.disk_path = disk_path;
             c.disk_limit = disk_limit;
             c.scheduler = scheduler;
+            c.cpu_tasks = cpu_tasks;
             py::gil_scoped_release nogil;
             runtime_init(c);
         },
         py::arg("ncpus"), py::arg("ncuda"), py::arg("cuda_memory_limit"), py::arg("host_memory_limit"),
-        py::arg("disk_path"), py::arg("disk_limit"), py::arg("scheduler"));
+        py::arg("disk_path"), py::arg("disk_limit"), py::arg("scheduler"), py::arg("cpu_tasks") = -1);
     m.def(
         "shutdown",
         [](bool keep_data) {

@@ -48,6 +48,41 @@ void set_env_mib(const char *name, int64_t bytes) {
 void single_threaded_blas(void *) { omp_set_num_threads(1); }
 }  // namespace
 
+namespace {
+std::vector<starpu_codelet *> &codelet_registry() {
+    static std::vector<starpu_codelet *> c;
+    return c;
+}
+
+void place(starpu_codelet *cl) {
+#ifdef NNTILE_USE_CUDA
+    if (cl->cuda_funcs[0] != nullptr && cl->cpu_funcs[0] != nullptr)
+        cl->where = cpu_tasks_allowed() ? (STARPU_CPU | STARPU_CUDA) : STARPU_CUDA;
+#else
+    (void)cl;
+#endif
+}
+}  // namespace
+
+bool cpu_tasks_allowed() {
+    if (!running || config.cpu_tasks == 1) return true;
+    if (config.cpu_tasks == 0) return false;
+    return starpu_cuda_worker_get_count() == 0;
+}
+
+void register_codelet(starpu_codelet *cl) {
+    static std::mutex m;
+    std::lock_guard<std::mutex> lock(m);
+    codelet_registry().push_back(cl);
+    place(cl);
+}
+
+namespace {
+void apply_placement() {
+    for (auto *cl : codelet_registry()) place(cl);
+}
+}  // namespace
+
 void runtime_init(const RuntimeConfig &cfg) {
     NNTILE_CHECK(!running, "StarPU runtime is already running");
     setenv("STARPU_SILENT", "1", 0);
@@ -65,6 +100,11 @@ void runtime_init(const RuntimeConfig &cfg) {
                                                        << (rc == -19 ? ": no worker available, check ncpus/ncuda" : "")
                                                        << ")");
     running = true;
+    if (cfg.cpu_tasks == 0 && starpu_cuda_worker_get_count() == 0) {
+        runtime_shutdown(false);
+        NNTILE_CHECK(false, "cpu_tasks=False needs a CUDA worker (none started)");
+    }
+    apply_placement();
     starpu_execute_on_each_worker(single_threaded_blas, nullptr, STARPU_CPU);
 #ifdef NNTILE_USE_CUDA
     if (starpu_cuda_worker_get_count() > 0) starpu_cublas_init();

@@ -4,6 +4,8 @@
 #include <functional>
 #include <string>
 
+struct starpu_codelet;
+
 namespace nntile {
 
 // Negative numbers mean "StarPU's default"; limits are bytes.
@@ -15,6 +17,10 @@ struct RuntimeConfig {
     std::string disk_path;
     int64_t disk_limit = -1;
     std::string scheduler;
+    // Whether tasks that have a CUDA implementation may also run on CPU workers: -1 = only when there is no
+    // CUDA worker (the default: with history-based models, StarPU would otherwise calibrate every new tile
+    // size on the CPU first, e.g. 30 s for a GPT-2 XL GEMM tile), 0 = never, 1 = always.
+    int cpu_tasks = -1;
 };
 
 void runtime_init(const RuntimeConfig &cfg);
@@ -23,6 +29,10 @@ void runtime_shutdown(bool keep_data = true);
 bool runtime_running();
 const RuntimeConfig &runtime_config();
 int disk_node();  // -1 without a disk node
+
+// Every codelet registers itself once; its placement (cl->where) follows the running config's cpu_tasks.
+void register_codelet(starpu_codelet *cl);
+bool cpu_tasks_allowed();
 
 // Called first thing in runtime_shutdown(), while StarPU still runs (tile tensors save and drop handles).
 void add_shutdown_hook(std::function<void(bool keep_data)> hook);

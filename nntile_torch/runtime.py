@@ -42,7 +42,7 @@ def _count(value, name):
     return value
 
 
-def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler):
+def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler, cpu_tasks=None):
     args = dict(
         ncpus=_count(ncpus, "ncpus"),
         ncuda=_count(ncuda, "ncuda"),
@@ -51,7 +51,10 @@ def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, di
         disk_path=None if disk_path is None else os.fspath(disk_path),
         disk_limit=parse_bytes(disk_limit, "disk_limit"),
         scheduler=scheduler,
+        cpu_tasks=cpu_tasks,
     )
+    if cpu_tasks is not None and not isinstance(cpu_tasks, bool):
+        raise ValueError(f"cpu_tasks must be True, False or None for the default (got {cpu_tasks!r})")
     if scheduler is not None and (not isinstance(scheduler, str) or not scheduler):
         raise ValueError(f"scheduler must be a StarPU policy name such as 'dmdas' or 'lws' (got {scheduler!r})")
     if (args["disk_path"] is None) != (args["disk_limit"] is None):
@@ -71,16 +74,20 @@ def _cuda_usable(ncuda):
 
 
 def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None, disk_path=None, disk_limit=None,
-         scheduler=None):
+         scheduler=None, cpu_tasks=None):
     """Starts StarPU. Limits are bytes or strings like "8GiB"; None means the default.
 
     Defaults: StarPU's worker counts (all cores, every GPU); GPU memory for StarPU is the device's total minus
     a share kept for torch's caching allocator (10%, at least 4 GiB); no host limit; no disk node; scheduler
-    "dmdas" with GPUs (data-aware, priorities), "lws" on CPUs alone. Calling init again with the same arguments
+    "dmdas" with GPUs (data-aware, priorities), "lws" on CPUs alone. cpu_tasks: whether tile ops that have a
+    GPU kernel may also run on CPU workers; None (default) means only when no GPU worker runs. Allowing it with
+    GPUs makes StarPU calibrate each new tile shape on a CPU core first (tens of seconds per GEMM shape at
+    GPT-2 XL size) and then rarely pays off. Calling init again with the same arguments
     does nothing; with other arguments while running raises RuntimeError (call shutdown() first).
     """
     global _current, _cuda_split
-    args = _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler)
+    args = _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler,
+                      cpu_tasks)
     if _current is not None and _C.running():
         if args != _current:
             diff = {k: (_current[k], v) for k, v in args.items() if _current[k] != v}
@@ -99,7 +106,8 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
                        "left_for_torch_bytes": total - cuda_limit}
     sched = args["scheduler"] or ("dmdas" if cuda else "lws")
     _C.init(args["ncpus"], args["ncuda"], cuda_limit if cuda_limit is not None else -1,
-            args["host_memory_limit"] or -1, args["disk_path"] or "", args["disk_limit"] or -1, sched)
+            args["host_memory_limit"] or -1, args["disk_path"] or "", args["disk_limit"] or -1, sched,
+            -1 if cpu_tasks is None else int(cpu_tasks))
     _current = requested
 
 

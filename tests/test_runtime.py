@@ -27,7 +27,7 @@ def test_parse_bytes():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(ncpus=-2), "ncpus"), (dict(ncuda="one"), "ncuda"), (dict(cuda_memory_limit="lots"), "cuda_memory_limit"),
     (dict(disk_path="/nonexistent-dir-for-nntile"), "disk_path"), (dict(ncpus=0, ncuda=0), "at least one worker"),
-    (dict(scheduler=""), "scheduler"),
+    (dict(scheduler=""), "scheduler"), (dict(cpu_tasks="no"), "cpu_tasks"),
 ])
 def test_bad_init_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -40,6 +40,16 @@ def test_second_init_with_other_arguments_raises():
     nt.init(**settings_as_args(settings))  # same arguments: fine
     with pytest.raises(RuntimeError, match="already running"):
         nt.init(ncpus=1, scheduler="eager")
+
+
+def test_cpu_tasks_false_needs_a_gpu_worker():
+    nt.shutdown()
+    with pytest.raises(RuntimeError, match="needs a CUDA worker"):
+        nt.init(ncuda=0, cpu_tasks=False)
+    assert not nt.is_running()
+    nt.runtime.ensure_init()  # usable again afterwards
+    x = torch.randn(5, 3)
+    assert torch.equal(nt.TileTensor.from_dense(x, (2, 2)).to_dense(), x)
 
 
 def settings_as_args(s):

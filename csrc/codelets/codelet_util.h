@@ -67,6 +67,7 @@ starpu_codelet *new_codelet(const char *name, const char *symbol, uint32_t (*foo
     auto *d = new CodeletDef;
     init_perfmodel(d->model, symbol, footprint);
     init_codelet(d->cl, name, guarded_or_null<Cpu>(), guarded_or_null<Cuda>(), &d->model);
+    register_codelet(&d->cl);
     return &d->cl;
 }
 
