@@ -68,7 +68,7 @@ PYBIND11_MODULE(_C, m) {
     m.def(
         "init",
         [](int ncpus, int ncuda, int64_t cuda_limit, int64_t host_limit, std::string disk_path, int64_t disk_limit,
-           std::string scheduler, int cpu_tasks) {
+           std::string scheduler, int cpu_tasks, int places) {
             RuntimeConfig c;
             c.ncpus = ncpus;
             c.ncuda = ncuda;
@@ -78,11 +78,12 @@ PYBIND11_MODULE(_C, m) {
             c.disk_limit = disk_limit;
             c.scheduler = scheduler;
             c.cpu_tasks = cpu_tasks;
+            c.places = places;
             py::gil_scoped_release nogil;
             runtime_init(c);
         },
         py::arg("ncpus"), py::arg("ncuda"), py::arg("cuda_memory_limit"), py::arg("host_memory_limit"),
-        py::arg("disk_path"), py::arg("disk_limit"), py::arg("scheduler"), py::arg("cpu_tasks") = -1);
+        py::arg("disk_path"), py::arg("disk_limit"), py::arg("scheduler"), py::arg("cpu_tasks") = -1, py::arg("places") = -1);
     m.def(
         "shutdown",
         [](bool keep_data) {
@@ -91,6 +92,12 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("keep_data") = true);
     m.def("running", &runtime_running);
+    m.def("places", [] {
+        std::vector<int> w;
+        if (placement_count() > 1)
+            for (int p = 0; p < placement_count(); ++p) w.push_back(placement_worker(p));
+        return w;
+    });
     m.def("info", &info);
     m.def("tasks_submitted", &tasks_submitted);
     m.def("blocking_waits", &blocking_waits);
@@ -122,9 +129,11 @@ PYBIND11_MODULE(_C, m) {
     m.def(
         "gemm",
         [](bool ta, TileTensor &a, bool tb, TileTensor &b, TileTensor &c, float alpha, float beta,
-           const std::string &precision) { ops::gemm(ta, a, tb, b, c, alpha, beta, parse_precision(precision)); },
+           const std::string &precision, bool k_over_places) {
+            ops::gemm(ta, a, tb, b, c, alpha, beta, parse_precision(precision), k_over_places);
+        },
         py::arg("trans_a"), py::arg("a"), py::arg("trans_b"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.f,
-        py::arg("beta") = 0.f, py::arg("precision") = "fp32");
+        py::arg("beta") = 0.f, py::arg("precision") = "fp32", py::arg("k_over_places") = false);
     m.def("bias_add", &ops::bias_add, py::arg("b"), py::arg("y"));
     m.def("bias_grad", &ops::bias_grad, py::arg("dy"), py::arg("db"), py::arg("beta") = 0.f);
     m.def("add", &ops::add, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"));
@@ -139,6 +148,12 @@ PYBIND11_MODULE(_C, m) {
     m.def("attention_backward", &ops::attention_backward, py::arg("dy"), py::arg("qkv"), py::arg("dqkv"), py::arg("seq"),
           py::arg("nheads"), py::arg("scale"));
     m.def("embedding_forward", &ops::embedding_forward, py::arg("ids"), py::arg("table"), py::arg("out"));
+    m.def("add_blocks", &ops::add_blocks, py::arg("src"), py::arg("dst"));
+    m.def("sum_blocks", &ops::sum_blocks, py::arg("src"), py::arg("dst"));
+    m.def("cross_entropy_forward", &ops::cross_entropy_forward, py::arg("labels"), py::arg("logits"),
+          py::arg("stats"), py::arg("acc"), py::arg("loss"), py::arg("mean"));
+    m.def("cross_entropy_backward", &ops::cross_entropy_backward, py::arg("labels"), py::arg("logits"),
+          py::arg("stats"), py::arg("acc"), py::arg("gout"), py::arg("dlogits"), py::arg("mean"));
     m.def("embedding_backward", &ops::embedding_backward, py::arg("ids"), py::arg("dy"), py::arg("dtable"));
     m.def("convert", &ops::convert, py::arg("src"), py::arg("dst"));
     m.def("adamw", &ops::adamw, py::arg("grad"), py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"),

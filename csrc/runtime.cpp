@@ -64,6 +64,31 @@ void place(starpu_codelet *cl) {
 }
 }  // namespace
 
+namespace {
+std::vector<int> place_workers;  // worker id of each place; empty = no pinning
+thread_local int current_hint = -1;
+
+void set_up_places(const RuntimeConfig &cfg) {
+    place_workers.clear();
+    int ncuda = starpu_worker_get_count_by_type(STARPU_CUDA_WORKER);
+    int places = cfg.places >= 1 ? cfg.places : (ncuda >= 2 ? ncuda : 1);
+    if (places <= 1) return;
+    auto kind = ncuda > 0 ? STARPU_CUDA_WORKER : STARPU_CPU_WORKER;
+    int n = starpu_worker_get_count_by_type(kind);
+    std::vector<int> ids(n);
+    starpu_worker_get_ids_by_type(kind, ids.data(), n);
+    for (int p = 0; p < places; ++p) place_workers.push_back(ids[p % n]);
+}
+}  // namespace
+
+int placement_count() { return place_workers.empty() ? 1 : (int)place_workers.size(); }
+int placement_worker(int64_t i) {
+    return place_workers.empty() ? -1 : place_workers[(size_t)(i % (int64_t)place_workers.size())];
+}
+OnWorker::OnWorker(int worker) : previous_(current_hint) { current_hint = worker; }
+OnWorker::~OnWorker() { current_hint = previous_; }
+int hinted_worker() { return current_hint; }
+
 bool cpu_tasks_allowed() {
     if (!running || config.cpu_tasks == 1) return true;
     if (config.cpu_tasks == 0) return false;
@@ -105,6 +130,7 @@ void runtime_init(const RuntimeConfig &cfg) {
         NNTILE_CHECK(false, "cpu_tasks=False needs a CUDA worker (none started)");
     }
     apply_placement();
+    set_up_places(cfg);
     starpu_execute_on_each_worker(single_threaded_blas, nullptr, STARPU_CPU);
 #ifdef NNTILE_USE_CUDA
     if (starpu_cuda_worker_get_count() > 0) starpu_cublas_init();
@@ -129,6 +155,7 @@ void runtime_shutdown(bool keep_data) {
     if (starpu_cuda_worker_get_count() > 0) starpu_cublas_shutdown();
 #endif
     starpu_shutdown();
+    place_workers.clear();
     running = false;
     disk_node_id = -1;
     for (auto &name : env_set) unsetenv(name.c_str());

@@ -21,6 +21,11 @@ struct RuntimeConfig {
     // CUDA worker (the default: with history-based models, StarPU would otherwise calibrate every new tile
     // size on the CPU first, e.g. 30 s for a GPT-2 XL GEMM tile), 0 = never, 1 = always.
     int cpu_tasks = -1;
+    // Places the row tiles are spread over (docs/DESIGN.md, "Several devices"): row tile i runs on place
+    // i % places, place p on worker p % (workers of the kind that computes: CUDA workers, else CPU ones).
+    // -1 = the number of CUDA workers when there are two or more, else 1 (no pinning: the scheduler decides).
+    // The task graph depends on `places` only, never on the worker count, so results do not either.
+    int places = -1;
 };
 
 void runtime_init(const RuntimeConfig &cfg);
@@ -33,6 +38,22 @@ int disk_node();  // -1 without a disk node
 // Every codelet registers itself once; its placement (cl->where) follows the running config's cpu_tasks.
 void register_codelet(starpu_codelet *cl);
 bool cpu_tasks_allowed();
+
+// Placement of tile tasks: number of places (1 = none) and the worker of row index i (-1 = anywhere).
+int placement_count();
+int placement_worker(int64_t i);
+// While alive, tasks this thread submits run on `worker` (-1: wherever the scheduler puts them).
+class OnWorker {
+  public:
+    explicit OnWorker(int worker);
+    ~OnWorker();
+    OnWorker(const OnWorker &) = delete;
+    OnWorker &operator=(const OnWorker &) = delete;
+
+  private:
+    int previous_;
+};
+int hinted_worker();
 
 // Called first thing in runtime_shutdown(), while StarPU still runs (tile tensors save and drop handles).
 void add_shutdown_hook(std::function<void(bool keep_data)> hook);

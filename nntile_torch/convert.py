@@ -3,8 +3,8 @@ state_dict keys and weight ties.
 
 Swapped now: torch.nn.Linear -> nntile_torch.nn.Linear, transformers' Conv1D (GPT-2) -> nntile_torch.nn.Conv1D,
 torch.nn.LayerNorm (last dim, with weight and bias) -> nntile_torch.nn.LayerNorm, torch.nn.GELU and transformers'
-NewGELUActivation / GELUActivation -> nntile_torch.nn.GELU, nn.Embedding tied to a converted linear layer
-(default options, width within a tile) -> nntile_torch.nn.Embedding, nn.Dropout(p=0) -> nn.Identity; Hugging Face
+NewGELUActivation / GELUActivation -> nntile_torch.nn.GELU, nn.Embedding (default options, width within a
+tile; tied to a converted linear layer or not) -> nntile_torch.nn.Embedding, nn.Dropout(p=0) -> nn.Identity; Hugging Face
 GPT2Attention keeps its module but runs causal attention as tile tasks (nntile_torch/nn/gpt2.py).
 Every other module keeps running as torch code on materialized TileTensors (correct, with host waits).
 """
@@ -34,16 +34,15 @@ def _check_dense_float32(name, m):
 _HF_GELU = {"NewGELUActivation": "tanh", "GELUTanh": "tanh", "PytorchGELUTanh": "tanh", "GELUActivation": "none"}
 
 
-def _swappable(m, tile_size, linear_weights):
+def _swappable(m, tile_size):
     if type(m) is nn.Linear or _is_hf_conv1d(m):
         return True
     if type(m) is nn.LayerNorm:
         return len(m.normalized_shape) == 1 and m.weight is not None and m.bias is not None
     if type(m) is nn.Embedding:
-        # Only tables tied to a converted linear layer (GPT-2's token embedding and LM head): their gradient
-        # then adds up as tiles. Untied ones (positions) stay torch code; their dense output joins the tiled
-        # residual stream without a wait.
-        return (id(m.weight) in linear_weights and m.padding_idx is None and m.max_norm is None
+        # Tables tied to a converted linear layer (GPT-2's token embedding and LM head) add their gradient to
+        # the linear layer's as tiles; untied ones (GPT-2's positions) broadcast over the batch as block tasks.
+        return (m.padding_idx is None and m.max_norm is None
                 and not m.scale_grad_by_freq and not m.sparse
                 and m.embedding_dim <= (tile_size or config.DEFAULT_TILE_SIZE))
     if type(m) is nn.Dropout:
@@ -85,12 +84,11 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None):
     ensure_init()
     kw = dict(tile_size=tile_size, batch_tile_size=batch_tile_size, precision=precision)
     swapped = {}  # id(old parameter) -> new parameter
-    linear_weights = {id(m.weight) for m in model.modules() if type(m) is nn.Linear or _is_hf_conv1d(m)}
     plan = []
     for name, m in model.named_modules():
         for cname, child in m.named_children():
             full = f"{name}.{cname}" if name else cname
-            if _swappable(child, tile_size, linear_weights):
+            if _swappable(child, tile_size):
                 _check_dense_float32(full, child)
                 plan.append((m, cname, child))
     for parent, cname, old in plan:

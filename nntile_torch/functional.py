@@ -83,9 +83,9 @@ class LinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[1]:  # dW = dy^T x (N, K) or x^T dy (K, N)
             g = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "linear.dw")
             if io:
-                _C.gemm(True, x2, False, dyc, g, 1.0, 0.0, mode)
+                _C.gemm(True, x2, False, dyc, g, 1.0, 0.0, mode, k_over_places=True)
             else:
-                _C.gemm(True, dyc, False, x2, g, 1.0, 0.0, mode)
+                _C.gemm(True, dyc, False, x2, g, 1.0, 0.0, mode, k_over_places=True)
             dw = TileTensor(g, wt.shape, ctx.saved_device)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             g = _C.TileTensor([n], [n_tile], "float32", "linear.db")
@@ -205,3 +205,55 @@ class EmbeddingFunction(torch.autograd.Function):
         dw = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "embedding.dweight")
         _C.embedding_backward(ctx.idt, tiles_like(ctx.out_like, dy, ctx.out_like.shape), dw)
         return None, TileTensor(dw, wt.shape, ctx.w_device), None
+
+
+_IGNORE_INDEX = -100
+
+
+class CrossEntropyFunction(torch.autograd.Function):
+    """Cross-entropy of logits tiles (M, V) against labels (M,), ignore_index -100, mean or sum over the counted
+    rows: one task per (row tile, vocabulary tile) folds max / sum of exp / label logit into per-row stats, then
+    the row tiles' losses are summed in a fixed order. The loss is a one-element TileTensor: no wait. The
+    backward recomputes softmax from the stats, one task per logits tile."""
+
+    @staticmethod
+    def forward(ctx, logits, labels, mean):
+        lt = logits.tiles
+        m = lt.shape[0]
+        lab = _C.TileTensor([m], [lt.tile_shape[0]], "int64", "ce.labels")
+        lab.from_dense(labels.detach().reshape(m).long())
+        stats = _C.TileTensor([m, 3], [lt.tile_shape[0], 3], "float32", "ce.stats")
+        acc = _C.TileTensor([2], [2], "float32", "ce.acc")
+        loss = _C.TileTensor([1], [1], "float32", "ce.loss")
+        _C.cross_entropy_forward(lab, lt, stats, acc, loss, mean)
+        ctx.saved = (lab, lt, stats, acc, loss, mean, logits.device)
+        return TileTensor(loss, (), logits.device)
+
+    @staticmethod
+    def backward(ctx, gout):
+        lab, lt, stats, acc, loss, mean, device = ctx.saved
+        dl = _C.TileTensor(list(lt.shape), list(lt.tile_shape), "float32", "ce.dlogits")
+        _C.cross_entropy_backward(lab, lt, stats, acc, tiles_like(loss, gout, (1,)), dl, mean)
+        return TileTensor(dl, tuple(lt.shape), device), None, None
+
+
+def tiled_cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
+                        reduction="mean", label_smoothing=0.0):
+    """F.cross_entropy for tiled logits (M, V) and integer targets (M,), as tile tasks. Returns NotImplemented
+    for what it does not cover (class weights, label smoothing, other ignore indices, logits not 2-d float32
+    tiles of that shape), which then runs as torch code on the materialized logits."""
+    if (weight is not None or size_average is not None or reduce is not None or label_smoothing != 0.0
+            or ignore_index != _IGNORE_INDEX or reduction not in ("mean", "sum")
+            or not isinstance(input, TileTensor) or input.dim() != 2 or input.dtype != torch.float32
+            or list(input.tiles.shape) != list(input.shape) or not torch.is_tensor(target)):
+        return NotImplemented
+    if target.dtype.is_floating_point or target.dtype == torch.bool or target.is_complex():
+        raise TypeError(f"cross_entropy: targets must be class indices of an integer dtype (got {target.dtype})")
+    if tuple(target.shape) != (input.shape[0],):
+        raise ValueError(f"cross_entropy: expected targets of shape ({input.shape[0]},) for logits of shape "
+                         f"{tuple(input.shape)} (got {tuple(target.shape)})")
+    v = input.shape[1]
+    bad = (target != _IGNORE_INDEX) & ((target < 0) | (target >= v))
+    if bool(bad.any()):  # torch raises here too (on a GPU as a device-side assert that ends the process)
+        raise IndexError(f"cross_entropy: target {int(target[bad][0])} is out of bounds for {v} classes")
+    return CrossEntropyFunction.apply(input, target, reduction == "mean")

@@ -42,7 +42,8 @@ def _count(value, name):
     return value
 
 
-def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler, cpu_tasks=None):
+def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler, cpu_tasks=None,
+               places=None):
     args = dict(
         ncpus=_count(ncpus, "ncpus"),
         ncuda=_count(ncuda, "ncuda"),
@@ -52,7 +53,10 @@ def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, di
         disk_limit=parse_bytes(disk_limit, "disk_limit"),
         scheduler=scheduler,
         cpu_tasks=cpu_tasks,
+        places=places,
     )
+    if places is not None and (isinstance(places, bool) or not isinstance(places, int) or places < 1):
+        raise ValueError(f"places must be a positive int or None for the default (got {places!r})")
     if cpu_tasks is not None and not isinstance(cpu_tasks, bool):
         raise ValueError(f"cpu_tasks must be True, False or None for the default (got {cpu_tasks!r})")
     if scheduler is not None and (not isinstance(scheduler, str) or not scheduler):
@@ -74,7 +78,7 @@ def _cuda_usable(ncuda):
 
 
 def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None, disk_path=None, disk_limit=None,
-         scheduler=None, cpu_tasks=None):
+         scheduler=None, cpu_tasks=None, places=None):
     """Starts StarPU. Limits are bytes or strings like "8GiB"; None means the default.
 
     Defaults: StarPU's worker counts (all cores, every GPU); GPU memory for StarPU is the device's total minus
@@ -82,12 +86,14 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     "dmdas" with GPUs (data-aware, priorities), "lws" on CPUs alone. cpu_tasks: whether tile ops that have a
     GPU kernel may also run on CPU workers; None (default) means only when no GPU worker runs. Allowing it with
     GPUs makes StarPU calibrate each new tile shape on a CPU core first (tens of seconds per GEMM shape at
-    GPT-2 XL size) and then rarely pays off. Calling init again with the same arguments
+    GPT-2 XL size) and then rarely pays off. places: how many devices the row tiles of activations are spread
+    over (row tile i on place i mod places; default: the GPUs when there are two or more, else 1 = the scheduler
+    decides); the results depend on places, never on the worker count. Calling init again with the same arguments
     does nothing; with other arguments while running raises RuntimeError (call shutdown() first).
     """
     global _current, _cuda_split
     args = _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler,
-                      cpu_tasks)
+                      cpu_tasks, places)
     if _current is not None and _C.running():
         if args != _current:
             diff = {k: (_current[k], v) for k, v in args.items() if _current[k] != v}
@@ -107,7 +113,7 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     sched = args["scheduler"] or ("dmdas" if cuda else "lws")
     _C.init(args["ncpus"], args["ncuda"], cuda_limit if cuda_limit is not None else -1,
             args["host_memory_limit"] or -1, args["disk_path"] or "", args["disk_limit"] or -1, sched,
-            -1 if cpu_tasks is None else int(cpu_tasks))
+            -1 if cpu_tasks is None else int(cpu_tasks), -1 if places is None else places)
     _current = requested
 
 
@@ -135,6 +141,7 @@ def info():
     ensure_init()
     d = _C.info()
     d["cuda_memory_split"] = _cuda_split
+    d["places"] = _C.places()  # worker id of each place; empty when tasks are not pinned
     d["settings"] = dict(_current) if _current else None
     return d
 

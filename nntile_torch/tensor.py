@@ -41,7 +41,17 @@ class TileTensor(torch.Tensor):
         r._dense_cache = None
         return r
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        # F.cross_entropy on tiled logits becomes tile tasks (it would otherwise materialize the logits); every
+        # other function goes straight to __torch_dispatch__.
+        if func is torch.nn.functional.cross_entropy:
+            from .functional import tiled_cross_entropy
+            out = tiled_cross_entropy(*args, **(kwargs or {}))
+            if out is not NotImplemented:
+                return out
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **(kwargs or {}))
 
     # --- construction -------------------------------------------------------------------------------------
     @classmethod
@@ -146,7 +156,34 @@ def _add_(self, other, alpha=1):
     return self
 
 
+def _block_operand(big, small):
+    """The (r, C) tiles of `small` when it broadcasts over `big`'s leading dimensions in a way add_blocks and
+    sum_blocks cover (big's row tiles hold whole blocks of r rows, same column tiles); else None."""
+    if not (isinstance(big, TileTensor) and isinstance(small, TileTensor)) or big.device != small.device \
+            or big.dtype != torch.float32 or small.dtype != torch.float32:
+        return None
+    ss = tuple(small.shape)
+    while len(ss) > 1 and ss[0] == 1:
+        ss = ss[1:]
+    bs = tuple(big.shape)
+    if len(ss) == 0 or len(ss) > len(bs) or bs[len(bs) - len(ss):] != ss or ss == bs:
+        return None
+    r, c = math.prod(ss[:-1]), ss[-1]
+    bt, st = big.tiles, small.tiles
+    if list(bt.shape) != [math.prod(bs[:-1]), c] or list(st.shape) != [r, c] or st.grid[0] != 1 \
+            or st.tile_shape[1] != bt.tile_shape[1] or bt.tile_shape[0] % r:
+        return None
+    return st
+
+
 def _add(self, other, alpha=1):
+    if alpha == 1:  # a tiled operand broadcast over the other's leading dims (GPT-2's position embedding)
+        for big, small in ((self, other), (other, self)):
+            st = _block_operand(big, small)
+            if st is not None:
+                new = _copy_tiles(big)
+                _C.add_blocks(st, new)
+                return _like(big, new)
     if isinstance(self, TileTensor):
         a, b = self, _as_tiles_of(self, other)
     else:
@@ -202,7 +239,39 @@ def _view(self, size):
     return TileTensor(self._tiles, size, self.device)
 
 
+def _sum(self, dim=None, keepdim=False, dtype=None):
+    """Sums over leading dimensions (autograd's reduction for a broadcast add) as block-sum tasks."""
+    if dtype is not None or dim is None or self.dtype != torch.float32:
+        return NotImplemented
+    nd = self.dim()
+    dims = sorted(d % nd for d in (dim if isinstance(dim, (list, tuple)) else [dim]))
+    k = len(dims)
+    shape = tuple(self.shape)
+    if k == 0 or dims != list(range(k)) or k > nd - 1:
+        return NotImplemented
+    r, c = math.prod(shape[k:-1]), shape[-1]
+    t = self.tiles
+    if list(t.shape) != [math.prod(shape[:-1]), c] or t.tile_shape[0] % r:
+        return NotImplemented
+    dst = _C.TileTensor([r, c], [r, t.tile_shape[1]], "float32", "")
+    _C.sum_blocks(t, dst)
+    return TileTensor(dst, (1,) * k + shape[k:] if keepdim else shape[k:], self.device)
+
+
+def _factory_like(fill):
+    """ones_like & co. need no values: a dense result, without waiting for the tiles (autograd's default
+    gradient of a tiled loss is ones_like(loss))."""
+    def handler(x, *args, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+        value = args[0] if fill is None else fill
+        return torch.full(tuple(x.shape), value, dtype=dtype or x.dtype, device=device or x.device)
+    return handler
+
+
 _HANDLERS = {
+    aten.sum.dim_IntList: _sum,
+    aten.ones_like.default: _factory_like(1),
+    aten.zeros_like.default: _factory_like(0),
+    aten.full_like.default: _factory_like(None),
     aten.slice.Tensor: _slice,
     aten.view.default: _view,
     aten._unsafe_view.default: _view,

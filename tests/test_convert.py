@@ -91,9 +91,8 @@ def test_fp32_logits_loss_and_gradients_match(device, kind):
 
 
 def test_host_waits_per_step_do_not_grow_with_depth(device):
-    """Every layer runs as tile tasks: a 1-layer and a 4-layer GPT-2 wait equally often per step. What remains:
-    torch's cross-entropy reads the logits, and the position embedding's gradient is summed over the batch by
-    torch code."""
+    """Every piece of the step runs as tile tasks (embeddings, blocks, loss, their backward): a GPT-2 step waits
+    on the host only when the caller reads a value, whatever its depth."""
     waits = []
     for layers in (1, 4):
         ours = nt.convert(gpt2(device, n_layer=layers), tile_size=384, batch_tile_size=37)
@@ -102,7 +101,7 @@ def test_host_waits_per_step_do_not_grow_with_depth(device):
         before = nt.stats()["blocking_waits"]
         ours(ids, labels=ids).loss.backward()
         waits.append(nt.stats()["blocking_waits"] - before)
-    assert waits[0] == waits[1] and waits[0] <= 2, waits
+    assert waits == [0, 0], waits
 
 
 def test_structure_state_dict_and_ties(device):

@@ -57,7 +57,7 @@ void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, st
                   starpu_data_handle_t param, starpu_data_handle_t exp_avg, starpu_data_handle_t exp_avg_sq) {
     auto *args = cl_args(AdamWArgs{n, s, init_state});
     auto state_mode = init_state ? STARPU_W : STARPU_RW;
-    NNTILE_STARPU_CHECK(starpu_task_insert(cl_adamw(), STARPU_R, grad, STARPU_RW, param, state_mode, exp_avg,
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_adamw(), STARPU_R, grad, STARPU_RW, param, state_mode, exp_avg,
                                            state_mode, exp_avg_sq, STARPU_CL_ARGS, args, sizeof(AdamWArgs),
                                            STARPU_FLOPS, (double)(14 * n), STARPU_NAME, "adamw", 0),
                         "submitting adamw n=" << n);

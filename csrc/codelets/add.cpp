@@ -42,7 +42,7 @@ starpu_codelet *cl_add() {
 
 void submit_add(int64_t n, float alpha, starpu_data_handle_t x, float beta, starpu_data_handle_t y) {
     auto *args = cl_args(AddArgs{n, alpha, beta});
-    NNTILE_STARPU_CHECK(starpu_task_insert(cl_add(), STARPU_R, x, beta == 0.f ? STARPU_W : STARPU_RW, y,
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_add(), STARPU_R, x, beta == 0.f ? STARPU_W : STARPU_RW, y,
                                            STARPU_CL_ARGS, args, sizeof(AddArgs), STARPU_FLOPS, (double)(2 * n),
                                            STARPU_NAME, "add", 0),
                         "submitting add n=" << n);

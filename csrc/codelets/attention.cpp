@@ -50,7 +50,7 @@ starpu_codelet *cl_bwd() {
 void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
                               starpu_data_handle_t qkv, starpu_data_handle_t y) {
     double flops = 4.0 * nseq * seq * seq * c / 2;  // causal: half of QK^T and PV
-    NNTILE_STARPU_CHECK(starpu_task_insert(cl_fwd(), STARPU_R, qkv, STARPU_W, y, STARPU_CL_ARGS,
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_fwd(), STARPU_R, qkv, STARPU_W, y, STARPU_CL_ARGS,
                                            cl_args(AttentionArgs{nseq, seq, c, nheads, scale}), sizeof(AttentionArgs), STARPU_FLOPS,
                                            flops, STARPU_NAME, "attention_forward", 0),
                         "submitting attention_forward seq=" << seq << " c=" << c);
@@ -60,7 +60,7 @@ void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nhea
 void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
                                starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t dqkv) {
     double flops = 3.5 * 4.0 * nseq * seq * seq * c / 2;  // recomputed forward + backward
-    NNTILE_STARPU_CHECK(starpu_task_insert(cl_bwd(), STARPU_R, dy, STARPU_R, qkv, STARPU_W, dqkv, STARPU_CL_ARGS,
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_bwd(), STARPU_R, dy, STARPU_R, qkv, STARPU_W, dqkv, STARPU_CL_ARGS,
                                            cl_args(AttentionArgs{nseq, seq, c, nheads, scale}), sizeof(AttentionArgs), STARPU_FLOPS,
                                            flops, STARPU_NAME, "attention_backward", 0),
                         "submitting attention_backward seq=" << seq << " c=" << c);

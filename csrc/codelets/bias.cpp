@@ -60,7 +60,7 @@ starpu_codelet *cl_bias_grad() {
 }  // namespace
 
 void submit_bias_add(int64_t m, int64_t n, starpu_data_handle_t b, starpu_data_handle_t y) {
-    NNTILE_STARPU_CHECK(starpu_task_insert(cl_bias_add(), STARPU_R, b, STARPU_RW, y, STARPU_CL_ARGS,
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_bias_add(), STARPU_R, b, STARPU_RW, y, STARPU_CL_ARGS,
                                            cl_args(BiasArgs{m, n, 1.f}), sizeof(BiasArgs), STARPU_FLOPS, (double)(m * n),
                                            STARPU_NAME, "bias_add", 0),
                         "submitting bias_add m=" << m << " n=" << n);
@@ -68,7 +68,7 @@ void submit_bias_add(int64_t m, int64_t n, starpu_data_handle_t b, starpu_data_h
 }
 
 void submit_bias_grad(int64_t m, int64_t n, starpu_data_handle_t dy, float beta, starpu_data_handle_t db) {
-    NNTILE_STARPU_CHECK(starpu_task_insert(cl_bias_grad(), STARPU_R, dy, beta == 0.f ? STARPU_W : STARPU_RW, db,
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_bias_grad(), STARPU_R, dy, beta == 0.f ? STARPU_W : STARPU_RW, db,
                                            STARPU_CL_ARGS, cl_args(BiasArgs{m, n, beta}), sizeof(BiasArgs), STARPU_FLOPS,
                                            (double)(m * n), STARPU_NAME, "bias_grad", 0),
                         "submitting bias_grad m=" << m << " n=" << n);

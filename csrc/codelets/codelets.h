@@ -45,6 +45,20 @@ void submit_embedding_forward(int64_t m, int64_t rows, int64_t c, int64_t lo, bo
                               starpu_data_handle_t table, starpu_data_handle_t out);
 void submit_embedding_backward(int64_t m, int64_t rows, int64_t c, int64_t lo, bool first, starpu_data_handle_t ids,
                                starpu_data_handle_t dy, starpu_data_handle_t dtable);
+// dst (nblk * r, c) += src (r, c) on each block; sum: dst (r, c) = (first ? 0 : dst) + the sum of src's blocks.
+void submit_add_blocks(int64_t nblk, int64_t r, int64_t c, starpu_data_handle_t src, starpu_data_handle_t dst);
+void submit_sum_blocks(int64_t nblk, int64_t r, int64_t c, bool first, starpu_data_handle_t src,
+                       starpu_data_handle_t dst);
+// Cross-entropy over vocabulary tiles (kernels/cross_entropy.h): stats folds one (row tile, vocabulary tile)
+// into the rows' stats, sum one row tile's losses into acc, loss = acc's mean (or sum), backward one gradient tile.
+void submit_cross_entropy_stats(int64_t m, int64_t vj, int64_t lo, bool first, starpu_data_handle_t labels,
+                                starpu_data_handle_t x, starpu_data_handle_t stats);
+void submit_cross_entropy_sum(int64_t m, bool first, starpu_data_handle_t labels, starpu_data_handle_t stats,
+                              starpu_data_handle_t acc);
+void submit_cross_entropy_loss(bool mean, starpu_data_handle_t acc, starpu_data_handle_t loss);
+void submit_cross_entropy_backward(int64_t m, int64_t vj, int64_t lo, bool mean, starpu_data_handle_t labels,
+                                   starpu_data_handle_t x, starpu_data_handle_t stats, starpu_data_handle_t acc,
+                                   starpu_data_handle_t gout, starpu_data_handle_t dx);
 // One AdamW step on a parameter tile; init_state zeroes the state tiles first instead of reading them.
 void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, starpu_data_handle_t grad,
                   starpu_data_handle_t param, starpu_data_handle_t exp_avg, starpu_data_handle_t exp_avg_sq);

@@ -43,7 +43,7 @@ starpu_codelet *cl_convert() {
 
 void submit_convert(int64_t n, DType src_type, starpu_data_handle_t src, DType dst_type, starpu_data_handle_t dst) {
     auto *args = cl_args(ConvertArgs{n, src_type, dst_type});
-    NNTILE_STARPU_CHECK(starpu_task_insert(cl_convert(), STARPU_R, src, STARPU_W, dst, STARPU_CL_ARGS, args,
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_convert(), STARPU_R, src, STARPU_W, dst, STARPU_CL_ARGS, args,
                                            sizeof(ConvertArgs), STARPU_NAME, "convert", 0),
                         "submitting convert n=" << n);
     count_task();

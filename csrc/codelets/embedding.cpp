@@ -50,7 +50,7 @@ starpu_codelet *cl_bwd() {
 
 void submit_embedding_forward(int64_t m, int64_t rows, int64_t c, int64_t lo, bool first, starpu_data_handle_t ids,
                               starpu_data_handle_t table, starpu_data_handle_t out) {
-    NNTILE_STARPU_CHECK(starpu_task_insert(cl_fwd(), STARPU_R, ids, STARPU_R, table, first ? STARPU_W : STARPU_RW, out,
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_fwd(), STARPU_R, ids, STARPU_R, table, first ? STARPU_W : STARPU_RW, out,
                                            STARPU_CL_ARGS, cl_args(EmbeddingArgs{m, rows, c, lo, first}), sizeof(EmbeddingArgs),
                                            STARPU_NAME, "embedding_forward", 0),
                         "submitting embedding_forward m=" << m << " rows=" << rows);
@@ -59,7 +59,7 @@ void submit_embedding_forward(int64_t m, int64_t rows, int64_t c, int64_t lo, bo
 
 void submit_embedding_backward(int64_t m, int64_t rows, int64_t c, int64_t lo, bool first, starpu_data_handle_t ids,
                                starpu_data_handle_t dy, starpu_data_handle_t dtable) {
-    NNTILE_STARPU_CHECK(starpu_task_insert(cl_bwd(), STARPU_R, ids, STARPU_R, dy, first ? STARPU_W : STARPU_RW, dtable,
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_bwd(), STARPU_R, ids, STARPU_R, dy, first ? STARPU_W : STARPU_RW, dtable,
                                            STARPU_CL_ARGS, cl_args(EmbeddingArgs{m, rows, c, lo, first}), sizeof(EmbeddingArgs),
                                            STARPU_NAME, "embedding_backward", 0),
                         "submitting embedding_backward m=" << m << " rows=" << rows);

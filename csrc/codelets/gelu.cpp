@@ -49,7 +49,7 @@ starpu_codelet *cl_gelu_backward() {
 }  // namespace
 
 void submit_gelu_forward(int64_t n, bool tanh_approx, starpu_data_handle_t x, starpu_data_handle_t y) {
-    NNTILE_STARPU_CHECK(starpu_task_insert(cl_gelu_forward(), STARPU_R, x, STARPU_W, y, STARPU_CL_ARGS,
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_gelu_forward(), STARPU_R, x, STARPU_W, y, STARPU_CL_ARGS,
                                            cl_args(GeluArgs{n, tanh_approx}), sizeof(GeluArgs), STARPU_FLOPS, (double)(20 * n),
                                            STARPU_NAME, "gelu_forward", 0),
                         "submitting gelu_forward n=" << n);
@@ -58,7 +58,7 @@ void submit_gelu_forward(int64_t n, bool tanh_approx, starpu_data_handle_t x, st
 
 void submit_gelu_backward(int64_t n, bool tanh_approx, starpu_data_handle_t dy, starpu_data_handle_t x,
                           starpu_data_handle_t dx) {
-    NNTILE_STARPU_CHECK(starpu_task_insert(cl_gelu_backward(), STARPU_R, dy, STARPU_R, x, STARPU_W, dx, STARPU_CL_ARGS,
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_gelu_backward(), STARPU_R, dy, STARPU_R, x, STARPU_W, dx, STARPU_CL_ARGS,
                                            cl_args(GeluArgs{n, tanh_approx}), sizeof(GeluArgs), STARPU_FLOPS, (double)(30 * n),
                                            STARPU_NAME, "gelu_backward", 0),
                         "submitting gelu_backward n=" << n);

@@ -50,7 +50,7 @@ void submit_gemm(const kernels::GemmShape &s, Precision precision, DType ta, sta
                  starpu_data_handle_t b, DType tc, starpu_data_handle_t c, int priority) {
     auto *args = cl_args(GemmArgs{s, precision, ta, tb, tc});
     double flops = 2.0 * s.m * s.n * s.k;
-    NNTILE_STARPU_CHECK(starpu_task_insert(cl_gemm(), STARPU_R, a, STARPU_R, b, s.beta == 0.f ? STARPU_W : STARPU_RW,
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_gemm(), STARPU_R, a, STARPU_R, b, s.beta == 0.f ? STARPU_W : STARPU_RW,
                                            c, STARPU_CL_ARGS, args, sizeof(GemmArgs), STARPU_FLOPS, flops,
                                            STARPU_PRIORITY, priority, STARPU_NAME, "gemm", 0),
                         "submitting gemm m=" << s.m << " n=" << s.n << " k=" << s.k);

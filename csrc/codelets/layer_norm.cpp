@@ -57,7 +57,7 @@ void submit_layer_norm_forward(int64_t m, int64_t c, float eps, starpu_data_hand
                                starpu_data_handle_t bias, starpu_data_handle_t y, starpu_data_handle_t mean,
                                starpu_data_handle_t rstd) {
     NNTILE_STARPU_CHECK(
-        starpu_task_insert(cl_fwd(), STARPU_R, x, STARPU_R, weight, STARPU_R, bias, STARPU_W, y, STARPU_W, mean,
+        NNTILE_TASK_INSERT(cl_fwd(), STARPU_R, x, STARPU_R, weight, STARPU_R, bias, STARPU_W, y, STARPU_W, mean,
                            STARPU_W, rstd, STARPU_CL_ARGS, cl_args(LayerNormArgs{m, c, eps, 0.f}), sizeof(LayerNormArgs),
                            STARPU_FLOPS, (double)(8 * m * c), STARPU_NAME, "layer_norm_forward", 0),
         "submitting layer_norm_forward m=" << m << " c=" << c);
@@ -70,7 +70,7 @@ void submit_layer_norm_backward(int64_t m, int64_t c, starpu_data_handle_t dy, s
                                 float beta) {
     auto acc = beta == 0.f ? STARPU_W : STARPU_RW;
     NNTILE_STARPU_CHECK(
-        starpu_task_insert(cl_bwd(), STARPU_R, dy, STARPU_R, x, STARPU_R, mean, STARPU_R, rstd, STARPU_R, weight,
+        NNTILE_TASK_INSERT(cl_bwd(), STARPU_R, dy, STARPU_R, x, STARPU_R, mean, STARPU_R, rstd, STARPU_R, weight,
                            STARPU_W, dx, acc, dweight, acc, dbias, STARPU_CL_ARGS, cl_args(LayerNormArgs{m, c, 0.f, beta}),
                            sizeof(LayerNormArgs), STARPU_FLOPS, (double)(12 * m * c), STARPU_NAME,
                            "layer_norm_backward", 0),

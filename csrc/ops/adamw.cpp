@@ -21,6 +21,7 @@ void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor 
     s.bc2_sqrt = (float)std::sqrt(1.0 - std::pow(beta2, (double)step));
     s.eps = (float)eps;
     for (int64_t t = 0; t < param.ntiles(); ++t) {
+        OnWorker on(placement_worker(row_of(param, t)));
         int64_t n = 1;
         for (auto e : param.tile_extents(t)) n *= e;
         codelets::submit_adamw(n, s, init_state, grad.handle(t), param.handle(t), exp_avg.handle(t),

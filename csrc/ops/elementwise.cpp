@@ -19,18 +19,22 @@ void check_bias(TileTensor &b, TileTensor &y, const char *op) {
 
 void bias_add(TileTensor &b, TileTensor &y) {
     check_bias(b, y, "bias_add");
-    for (int64_t i = 0; i < y.grid()[0]; ++i)
+    for (int64_t i = 0; i < y.grid()[0]; ++i) {
+        OnWorker on(placement_worker(i));
         for (int64_t j = 0; j < y.grid()[1]; ++j)
             codelets::submit_bias_add(y.tile_extent(0, i), y.tile_extent(1, j), b.handle(j), y.handle2(i, j));
+    }
     y.bump_version();
 }
 
 void bias_grad(TileTensor &dy, TileTensor &db, float beta) {
     check_bias(db, dy, "bias_grad");
     for (int64_t j = 0; j < dy.grid()[1]; ++j)
-        for (int64_t i = 0; i < dy.grid()[0]; ++i)
+        for (int64_t i = 0; i < dy.grid()[0]; ++i) {
+            OnWorker on(placement_worker(i));
             codelets::submit_bias_grad(dy.tile_extent(0, i), dy.tile_extent(1, j), dy.handle2(i, j),
                                        i == 0 ? beta : 1.f, db.handle(j));
+        }
     db.bump_version();
 }
 
@@ -38,6 +42,7 @@ void add(float alpha, TileTensor &x, float beta, TileTensor &y) {
     require_f32(x, "add");
     NNTILE_CHECK(x.same_tiling(y), "add: tensors must have the same shape and tiles");
     for (int64_t t = 0; t < y.ntiles(); ++t) {
+        OnWorker on(placement_worker(row_of(y, t)));
         int64_t n = 1;
         for (auto e : y.tile_extents(t)) n *= e;
         codelets::submit_add(n, alpha, x.handle(t), beta, y.handle(t));
@@ -50,6 +55,7 @@ void convert(TileTensor &src, TileTensor &dst) {
                  "convert: tensors must have the same shape and tiles");
     NNTILE_CHECK(src.dtype() != DType::i64 && dst.dtype() != DType::i64, "convert: float32 <-> bfloat16 only");
     for (int64_t t = 0; t < dst.ntiles(); ++t) {
+        OnWorker on(placement_worker(row_of(dst, t)));
         int64_t n = 1;
         for (auto e : dst.tile_extents(t)) n *= e;
         codelets::submit_convert(n, src.dtype(), src.handle(t), dst.dtype(), dst.handle(t));

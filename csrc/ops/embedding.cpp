@@ -20,10 +20,12 @@ void check(TileTensor &ids, TileTensor &table, TileTensor &rows_c, const char *o
 void embedding_forward(TileTensor &ids, TileTensor &table, TileTensor &out) {
     check(ids, table, out, "embedding");
     int64_t c = table.shape()[1], tv = table.tile_shape()[0];
-    for (int64_t i = 0; i < ids.grid()[0]; ++i)
+    for (int64_t i = 0; i < ids.grid()[0]; ++i) {
+        OnWorker on(placement_worker(i));
         for (int64_t v = 0; v < table.grid()[0]; ++v)
             codelets::submit_embedding_forward(ids.tile_extent(0, i), table.tile_extent(0, v), c, v * tv, v == 0,
                                                ids.handle(i), table.handle(v), out.handle(i));
+    }
     out.bump_version();
 }
 
@@ -31,9 +33,11 @@ void embedding_backward(TileTensor &ids, TileTensor &dy, TileTensor &dtable) {
     check(ids, dtable, dy, "embedding_backward");
     int64_t c = dtable.shape()[1], tv = dtable.tile_shape()[0];
     for (int64_t v = 0; v < dtable.grid()[0]; ++v)
-        for (int64_t i = 0; i < ids.grid()[0]; ++i)
+        for (int64_t i = 0; i < ids.grid()[0]; ++i) {
+            OnWorker on(placement_worker(i));
             codelets::submit_embedding_backward(ids.tile_extent(0, i), dtable.tile_extent(0, v), c, v * tv, i == 0,
                                                 ids.handle(i), dy.handle(i), dtable.handle(v));
+        }
     dtable.bump_version();
 }
 

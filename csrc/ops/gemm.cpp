@@ -3,6 +3,9 @@
 #include "../runtime.h"
 #include "ops.h"
 
+#include <memory>
+#include <vector>
+
 namespace nntile::ops {
 
 namespace {
@@ -14,7 +17,7 @@ std::pair<int64_t, int64_t> op_dim(const TileTensor &x, bool trans, int which) {
 }  // namespace
 
 void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &c, float alpha, float beta,
-          Precision precision) {
+          Precision precision, bool k_over_places) {
     NNTILE_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2,
                  "gemm takes 2-d tile tensors (got " << a.ndim() << ", " << b.ndim() << ", " << c.ndim() << " dims)");
     NNTILE_CHECK(a.dtype() != DType::i64 && b.dtype() != DType::i64 && c.dtype() != DType::i64,
@@ -33,15 +36,62 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
     NNTILE_CHECK(c.dtype() == DType::f32 || precision != Precision::fp32 || a.dtype() == c.dtype(),
                  "gemm: output dtype " << dtype_name(c.dtype()) << " needs a reduced-precision mode");
     int64_t gm = c.grid()[0], gn = c.grid()[1], gk = (ka.first + ka.second - 1) / ka.second;
+    auto submit = [&](int64_t i, int64_t j, int64_t k, float b0, starpu_data_handle_t hc, DType tc) {
+        kernels::GemmShape s{c.tile_extent(0, i), c.tile_extent(1, j), std::min(ka.second, ka.first - k * ka.second),
+                             trans_a, trans_b, alpha, b0};
+        auto ha = trans_a ? a.handle2(k, i) : a.handle2(i, k);
+        auto hb = trans_b ? b.handle2(j, k) : b.handle2(k, j);
+        codelets::submit_gemm(s, precision, a.dtype(), ha, b.dtype(), hb, tc, hc);
+    };
+    int64_t places = placement_count();
+    if (!k_over_places || places == 1 || gk == 1) {
+        // C's row tile i (an activation row tile, or a weight's) runs on place i, the whole K chain there.
+        for (int64_t i = 0; i < gm; ++i) {
+            OnWorker on(placement_worker(i));
+            for (int64_t j = 0; j < gn; ++j)
+                for (int64_t k = 0; k < gk; ++k) submit(i, j, k, k == 0 ? beta : 1.f, c.handle2(i, j), c.dtype());
+        }
+        c.bump_version();
+        return;
+    }
+    // K runs over row tiles spread over places (a weight gradient: sum over the batch). Place p sums the K
+    // tiles k = p (mod places) where they live; C's own place (that of its row tile i, where the optimizer
+    // updates it) sums its share into C, the others into partial tiles, which are then added to C in place order.
+    NNTILE_CHECK(c.dtype() == DType::f32, "gemm: a K split over places needs a float32 C");
     for (int64_t i = 0; i < gm; ++i) {
+        int64_t home = i % places;
         for (int64_t j = 0; j < gn; ++j) {
-            for (int64_t k = 0; k < gk; ++k) {
-                kernels::GemmShape s{c.tile_extent(0, i), c.tile_extent(1, j),
-                                     std::min(ka.second, ka.first - k * ka.second), trans_a, trans_b, alpha,
-                                     k == 0 ? beta : 1.f};
-                auto ha = trans_a ? a.handle2(k, i) : a.handle2(i, k);
-                auto hb = trans_b ? b.handle2(j, k) : b.handle2(k, j);
-                codelets::submit_gemm(s, precision, a.dtype(), ha, b.dtype(), hb, c.dtype(), c.handle2(i, j));
+            std::vector<std::unique_ptr<TileTensor>> partial;
+            for (int64_t p = 0; p < std::min(places, gk); ++p) {
+                OnWorker on(placement_worker(p));
+                TileTensor *t = nullptr;
+                if (p != home) {
+                    partial.push_back(std::make_unique<TileTensor>(
+                        std::vector<int64_t>{c.tile_extent(0, i), c.tile_extent(1, j)},
+                        std::vector<int64_t>{c.tile_extent(0, i), c.tile_extent(1, j)}, DType::f32, "gemm.partial"));
+                    t = partial.back().get();
+                }
+                for (int64_t k = p; k < gk; k += places) {
+                    bool first = k == p;
+                    if (t)
+                        submit(i, j, k, first ? 0.f : 1.f, t->handle(0), DType::f32);
+                    else
+                        submit(i, j, k, first ? beta : 1.f, c.handle2(i, j), c.dtype());
+                }
+            }
+            OnWorker on(placement_worker(home));
+            if (home >= std::min(places, gk) && beta == 0.f) {
+                // C's place had no K tile of its own: the first partial initializes it
+                codelets::submit_add(c.tile_extent(0, i) * c.tile_extent(1, j), 1.f, partial.front()->handle(0), 0.f,
+                                     c.handle2(i, j));
+                for (size_t q = 1; q < partial.size(); ++q)
+                    codelets::submit_add(c.tile_extent(0, i) * c.tile_extent(1, j), 1.f, partial[q]->handle(0), 1.f,
+                                         c.handle2(i, j));
+            } else {
+                NNTILE_CHECK(home < std::min(places, gk), "gemm: a K split over places with beta != 0 needs C's place to hold a K tile");
+                for (auto &t : partial)
+                    codelets::submit_add(c.tile_extent(0, i) * c.tile_extent(1, j), 1.f, t->handle(0), 1.f,
+                                         c.handle2(i, j));
             }
         }
     }

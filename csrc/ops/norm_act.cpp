@@ -19,16 +19,20 @@ void require_f32(std::initializer_list<TileTensor *> ts, const char *op) {
 void gelu_forward(TileTensor &x, TileTensor &y, bool tanh_approx) {
     require_f32({&x, &y}, "gelu");
     NNTILE_CHECK(x.same_tiling(y), "gelu: x and y must have the same shape and tiles");
-    for (int64_t t = 0; t < x.ntiles(); ++t)
+    for (int64_t t = 0; t < x.ntiles(); ++t) {
+        OnWorker on(placement_worker(row_of(x, t)));
         codelets::submit_gelu_forward(tile_numel(x, t), tanh_approx, x.handle(t), y.handle(t));
+    }
     y.bump_version();
 }
 
 void gelu_backward(TileTensor &dy, TileTensor &x, TileTensor &dx, bool tanh_approx) {
     require_f32({&dy, &x, &dx}, "gelu_backward");
     NNTILE_CHECK(x.same_tiling(dy) && x.same_tiling(dx), "gelu_backward: dy, x and dx must have the same tiles");
-    for (int64_t t = 0; t < x.ntiles(); ++t)
+    for (int64_t t = 0; t < x.ntiles(); ++t) {
+        OnWorker on(placement_worker(row_of(x, t)));
         codelets::submit_gelu_backward(tile_numel(x, t), tanh_approx, dy.handle(t), x.handle(t), dx.handle(t));
+    }
     dx.bump_version();
 }
 
@@ -54,9 +58,11 @@ void layer_norm_forward(TileTensor &x, TileTensor &weight, TileTensor &bias, flo
     require_f32({&x, &weight, &bias, &y, &mean, &rstd}, "layer_norm");
     check_ln(x, weight, y, mean, rstd, "layer_norm");
     NNTILE_CHECK(bias.same_tiling(weight), "layer_norm: bias must be tiled like weight");
-    for (int64_t i = 0; i < x.grid()[0]; ++i)
+    for (int64_t i = 0; i < x.grid()[0]; ++i) {
+        OnWorker on(placement_worker(i));
         codelets::submit_layer_norm_forward(x.tile_extent(0, i), x.shape()[1], eps, x.handle(i), weight.handle(0),
                                             bias.handle(0), y.handle(i), mean.handle(i), rstd.handle(i));
+    }
     y.bump_version();
     mean.bump_version();
     rstd.bump_version();
@@ -68,10 +74,12 @@ void layer_norm_backward(TileTensor &dy, TileTensor &x, TileTensor &mean, TileTe
     check_ln(x, weight, dx, mean, rstd, "layer_norm_backward");
     NNTILE_CHECK(dy.same_tiling(x) && dweight.same_tiling(weight) && dbias.same_tiling(weight),
                  "layer_norm_backward: dy must be tiled like x, dweight and dbias like weight");
-    for (int64_t i = 0; i < x.grid()[0]; ++i)
+    for (int64_t i = 0; i < x.grid()[0]; ++i) {
+        OnWorker on(placement_worker(i));
         codelets::submit_layer_norm_backward(x.tile_extent(0, i), x.shape()[1], dy.handle(i), x.handle(i),
                                              mean.handle(i), rstd.handle(i), weight.handle(0), dx.handle(i),
                                              dweight.handle(0), dbias.handle(0), i == 0 ? 0.f : 1.f);
+    }
     dx.bump_version();
     dweight.bump_version();
     dbias.bump_version();

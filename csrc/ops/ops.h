@@ -1,13 +1,18 @@
 // Tensor-level ops: loops over tiles that submit one task per tile (pair, triple). Nothing here waits.
 #pragma once
+#include "../runtime.h"
 #include "../tiles/tile_tensor.h"
 
 namespace nntile::ops {
 
+// The row index (first grid coordinate) of tile t: what placement goes by.
+inline int64_t row_of(const TileTensor &x, int64_t t) { return x.ndim() == 0 ? 0 : t / (x.ntiles() / x.grid()[0]); }
+
 // C = alpha op(A) op(B) + beta C on 2-d tile tensors; op(A)'s column tiling must match op(B)'s row tiling
 // and C's tiling must be op(A)'s rows by op(B)'s columns.
+// k_over_places: K runs over row tiles spread over places (a weight gradient): partial sums per place.
 void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &c, float alpha, float beta,
-          Precision precision);
+          Precision precision, bool k_over_places = false);
 // y (M, N) += b (N), broadcast over rows; b's tiles match y's column tiles.
 void bias_add(TileTensor &b, TileTensor &y);
 // db = beta * db + sum over rows of dy (M, N).
@@ -32,6 +37,17 @@ void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64
 // (bt, C). One task per (row tile, vocabulary tile); backward overwrites dtable (tiled like table).
 void embedding_forward(TileTensor &ids, TileTensor &table, TileTensor &out);
 void embedding_backward(TileTensor &ids, TileTensor &dy, TileTensor &dtable);
+// Broadcast over leading dims: dst (M, C) += src (r, C) on every block of r rows; sum_blocks: dst (r, C) = sum of
+// src's (M, C) blocks of r rows (in order). Row tiles of the (M, C) side hold whole blocks.
+void add_blocks(TileTensor &src, TileTensor &dst);
+void sum_blocks(TileTensor &src, TileTensor &dst);
+// Cross-entropy with ignore_index -100: logits (M, V) float32 in tiles (bt, tv), labels (M) int64 tiled (bt),
+// stats (M, 3) tiled (bt, 3), acc (2), loss (1) = mean (or sum) over counted rows. Backward: dlogits tiled
+// like logits, gout (1). Reductions run in a fixed order (deterministic).
+void cross_entropy_forward(TileTensor &labels, TileTensor &logits, TileTensor &stats, TileTensor &acc,
+                           TileTensor &loss, bool mean);
+void cross_entropy_backward(TileTensor &labels, TileTensor &logits, TileTensor &stats, TileTensor &acc,
+                            TileTensor &gout, TileTensor &dlogits, bool mean);
 // dst = src in dst's element type (same shape and tiles).
 void convert(TileTensor &src, TileTensor &dst);
 // One AdamW step over all tiles of a parameter (grad, exp_avg, exp_avg_sq share its tiling). Scalars are

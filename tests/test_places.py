@@ -1,0 +1,62 @@
+"""Several places (the devices tile rows are spread over) exercised with CPU workers standing in for GPUs:
+results depend on the number of places only, never on the number of workers, and match one place to float32
+rounding (the weight gradients are then summed per place first: another order of additions)."""
+
+import pytest
+import torch
+
+import nntile_torch as nt
+
+transformers = pytest.importorskip("transformers")
+
+
+def dense(t):
+    return (t.materialize() if isinstance(t, nt.TileTensor) else t).clone()
+
+
+def train(ncpus, places, steps=3):
+    nt.shutdown()
+    nt.init(ncpus=ncpus, ncuda=0, places=places)
+    try:
+        assert len(nt.info()["places"]) == (places if places > 1 else 0)
+        torch.manual_seed(0)
+        cfg = transformers.GPT2Config(n_layer=2, n_embd=48, n_head=4, vocab_size=300, n_positions=32,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        model = nt.convert(transformers.GPT2LMHeadModel(cfg), tile_size=160, batch_tile_size=16)
+        opt = nt.optim.AdamW(model.parameters(), lr=3e-3)
+        g = torch.Generator().manual_seed(1)
+        losses, grads = [], None
+        for _ in range(steps):
+            ids = torch.randint(0, 300, (5, 16), generator=g)  # 5 row tiles of one sequence
+            opt.zero_grad()
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            if grads is None:
+                grads = {n: dense(p.grad) for n, p in model.named_parameters()}
+            opt.step()
+            losses.append(loss.item())
+        return losses, grads, {k: v.clone() for k, v in model.state_dict().items()}
+    finally:
+        nt.shutdown()
+
+
+def test_results_do_not_depend_on_the_worker_count():
+    l1, g1, s1 = train(ncpus=1, places=3)
+    l3, g3, s3 = train(ncpus=3, places=3)
+    assert l1 == l3
+    for k in g1:
+        assert torch.equal(g1[k], g3[k]), k
+    for k in s1:
+        assert torch.equal(s1[k], s3[k]), k
+
+
+def test_places_match_one_place_to_float32_rounding():
+    l1, g1, _ = train(ncpus=2, places=1)
+    l3, g3, _ = train(ncpus=2, places=3)
+    assert l1[0] == l3[0]  # the forward does not depend on places; gradients differ in summation order only
+    assert max(abs(a - b) for a, b in zip(l1, l3)) < 1e-5, (l1, l3)
+    for k in g1:  # (AdamW turns near-zero gradients into steps of size lr, so weights are not compared)
+        scale = g1[k].abs().max().item()
+        assert (g3[k] - g1[k]).abs().max().item() <= 1e-5 * scale + 1e-7, k
+    assert any(not torch.equal(g1[k], g3[k]) for k in g1)  # the per-place partial sums did run
+    assert l1[-1] < l1[0]
