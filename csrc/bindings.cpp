@@ -148,6 +148,7 @@ PYBIND11_MODULE(_C, m) {
     m.def("attention_backward", &ops::attention_backward, py::arg("dy"), py::arg("qkv"), py::arg("dqkv"), py::arg("seq"),
           py::arg("nheads"), py::arg("scale"));
     m.def("embedding_forward", &ops::embedding_forward, py::arg("ids"), py::arg("table"), py::arg("out"));
+    m.def("dropout", &ops::dropout, py::arg("x"), py::arg("y"), py::arg("p"), py::arg("seed"));
     m.def("add_blocks", &ops::add_blocks, py::arg("src"), py::arg("dst"));
     m.def("sum_blocks", &ops::sum_blocks, py::arg("src"), py::arg("dst"));
     m.def("cross_entropy_forward", &ops::cross_entropy_forward, py::arg("labels"), py::arg("logits"),

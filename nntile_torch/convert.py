@@ -4,15 +4,16 @@ state_dict keys and weight ties.
 Swapped now: torch.nn.Linear -> nntile_torch.nn.Linear, transformers' Conv1D (GPT-2) -> nntile_torch.nn.Conv1D,
 torch.nn.LayerNorm (last dim, with weight and bias) -> nntile_torch.nn.LayerNorm, torch.nn.GELU and transformers'
 NewGELUActivation / GELUActivation -> nntile_torch.nn.GELU, nn.Embedding (default options, width within a
-tile; tied to a converted linear layer or not) -> nntile_torch.nn.Embedding, nn.Dropout(p=0) -> nn.Identity; Hugging Face
-GPT2Attention keeps its module but runs causal attention as tile tasks (nntile_torch/nn/gpt2.py).
+tile; tied to a converted linear layer or not) -> nntile_torch.nn.Embedding, nn.Dropout ->
+nntile_torch.nn.Dropout (p = 0: nn.Identity); Hugging Face GPT2Attention keeps its module but runs causal
+attention as tile tasks (nntile_torch/nn/gpt2.py).
 Every other module keeps running as torch code on materialized TileTensors (correct, with host waits).
 """
 import torch
 from torch import nn
 
 from . import config
-from .nn import GELU, Conv1D, Embedding, LayerNorm, Linear
+from .nn import GELU, Conv1D, Dropout, Embedding, LayerNorm, Linear
 from .nn.embedding import check_indices
 from .nn.gpt2 import is_gpt2_attention, patch_gpt2_attention
 from .runtime import ensure_init
@@ -46,7 +47,7 @@ def _swappable(m, tile_size):
                 and not m.scale_grad_by_freq and not m.sparse
                 and m.embedding_dim <= (tile_size or config.DEFAULT_TILE_SIZE))
     if type(m) is nn.Dropout:
-        return m.p == 0  # exactly the identity; torch's dropout would read (materialize) its input
+        return True  # p = 0: exactly the identity; else tile dropout (torch's would read, materialize, its input)
     return type(m) is nn.GELU or type(m).__name__ in _HF_GELU
 
 
@@ -62,7 +63,7 @@ def _swap(m, kw):
     if type(m) is nn.GELU:
         return GELU(m.approximate, **tiles)
     if type(m) is nn.Dropout:
-        return nn.Identity()
+        return nn.Identity() if m.p == 0 else Dropout(m.p, **tiles)
     if type(m) is nn.Embedding:
         return Embedding(m.num_embeddings, m.embedding_dim, device=m.weight.device, **tiles)
     return GELU(_HF_GELU[type(m).__name__], **tiles)
@@ -93,6 +94,7 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None):
                 plan.append((m, cname, child))
     for parent, cname, old in plan:
         new = _swap(old, kw)
+        new.train(old.training)
         for pname, p in old.named_parameters(recurse=False):
             if id(p) in swapped:  # tied to a parameter converted already
                 setattr(new, pname, swapped[id(p)])

@@ -124,6 +124,26 @@ class GeluFunction(torch.autograd.Function):
         return TileTensor(dx, ctx.x_shape, ctx.x_device), None, None, None
 
 
+class DropoutFunction(torch.autograd.Function):
+    """y = x * keep / (1 - p), keep a function of (seed, element index) computed inside the task (the same on
+    CPU and GPU, never stored); the backward is the same op on dy. Tiling as GeluFunction."""
+
+    @staticmethod
+    def forward(ctx, x, p, seed, batch_tile, tile):
+        xt = x.tiles if isinstance(x, TileTensor) else as_matrix_tiles(x, batch_tile, tile)
+        y = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "dropout.y")
+        _C.dropout(xt, y, p, seed)
+        ctx.xt, ctx.p, ctx.seed, ctx.x_shape, ctx.x_device = xt, p, seed, x.shape, x.device
+        return TileTensor(y, x.shape, x.device)
+
+    @staticmethod
+    def backward(ctx, dy):
+        xt = ctx.xt
+        dx = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "dropout.dx")
+        _C.dropout(tiles_like(xt, dy, xt.shape), dx, ctx.p, ctx.seed)
+        return TileTensor(dx, ctx.x_shape, ctx.x_device), None, None, None, None
+
+
 class LayerNormFunction(torch.autograd.Function):
     """LayerNorm over the last dim C of x (..., C), seen as the matrix (prod(...), C) in tiles of whole rows
     (batch_tile, C); weight and bias (C,) are one tile each. A TileTensor x already tiled that way is used as

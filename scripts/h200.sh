@@ -29,6 +29,15 @@ for step in "$@"; do
     gputests)  # the CUDA variants of the op and model parity tests
       python3 -m pytest -q -rs --timeout 100 --timeout-method thread -k cuda tests/test_norm_act.py tests/test_convert.py \
         tests/test_adamw.py 2>&1 | tee "$OUT/gputests.log" | tail -25; rc=${PIPESTATUS[0]} ;;
+    multigpu)  # several GPUs (kinds nvidia-h200-x2/x4/x8): the place tests, then nntile XL on 1 and on all GPUs
+      python3 -m pytest -q --timeout 200 tests/test_places.py 2>&1 | tee "$OUT/multigpu.log" | tail -3
+      ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
+      for n in 1 "$ngpu"; do
+        CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) python3 -m benchmarks.run --backend nntile --config xl \
+          --precision bf16 --batch $((8 * n)) --seq 1024 --warmup 2 --steps 5 --timeout 200 --out /tmp/bench_mg \
+          2>&1 | tee -a "$OUT/multigpu.log" | tail -2
+      done
+      tar czf "$OUT/bench_multigpu.tgz" -C /tmp/bench_mg . ; rc=0 ;;
     gemm) python3 -m benchmarks.gemm --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | tail -30; rc=${PIPESTATUS[0]} ;;
     linear) for prec in bf16 tf32; do
               python3 -m benchmarks.linear --precision $prec --out "$OUT/linear_$prec.json" 2>&1 | tee -a "$OUT/linear.log" | tail -3

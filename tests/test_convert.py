@@ -90,6 +90,33 @@ def test_fp32_logits_loss_and_gradients_match(device, kind):
         assert_close_as_torch(a, b, c, what=f"grad {name}")
 
 
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+def test_reduced_precision_no_worse_than_torch_in_that_precision(device, precision):
+    """tf32 and bf16 (fp32 master weights, bf16 matmul operands, fp32 accumulation) against torch with tf32
+    matmuls / under bf16 autocast: logits, loss and every gradient no further from the float64 run than twice
+    torch's own error in that precision."""
+    ref = gpt2(device)
+    ours = nt.convert(copy.deepcopy(ref), precision=precision, tile_size=300, batch_tile_size=37)
+    ref64 = copy.deepcopy(ref).double()
+    ids = torch.randint(0, 1000, (3, 37), device=device)
+    lo, so, go = hf_step(ours, ids)
+    if precision == "tf32":
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            lr, sr, gr = hf_step(ref, ids)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+    else:
+        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+            lr, sr, gr = hf_step(ref, ids)
+    l64, s64, g64 = hf_step(ref64, ids)
+    assert_close_as_torch(lo, lr, l64, what=f"{precision} logits")
+    assert_close_as_torch(so, sr, s64, what=f"{precision} loss")
+    for (name, _), a, b, c in zip(ref.named_parameters(), go, gr, g64):
+        assert_close_as_torch(a, b, c, what=f"{precision} grad {name}")
+
+
 def test_host_waits_per_step_do_not_grow_with_depth(device):
     """Every piece of the step runs as tile tasks (embeddings, blocks, loss, their backward): a GPT-2 step waits
     on the host only when the caller reads a value, whatever its depth."""
@@ -174,3 +201,28 @@ def test_convert_rejects_bad_arguments():
         nt.convert(nn.Linear(3, 3), precision="fp16")
     with pytest.raises(TypeError, match="float32"):
         nt.convert(nn.Sequential(nn.Linear(3, 3).double()))
+
+
+def test_dropout_in_training_is_seeded_and_wait_free(device):
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=96, n_head=6, vocab_size=1000, n_positions=64,
+                                  resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.0)
+    base = transformers.GPT2LMHeadModel(cfg).to(device)
+    ref = copy.deepcopy(base)
+    model = nt.convert(base, tile_size=300, batch_tile_size=37)
+    assert isinstance(model.transformer.drop, nt.nn.Dropout) and model.transformer.drop.p == 0.1
+    ids = torch.randint(0, 1000, (3, 37), device=device)
+    model(ids, labels=ids).loss.backward()  # first step: tiles made
+    waits = nt.stats()["blocking_waits"]
+    torch.manual_seed(1)
+    out = model(ids, labels=ids)
+    out.loss.backward()
+    assert nt.stats()["blocking_waits"] == waits
+    torch.manual_seed(1)
+    again = model(ids, labels=ids).loss.item()
+    assert out.loss.item() == again  # seeded
+    assert model(ids, labels=ids).loss.item() != again  # fresh masks
+    model.eval()
+    ref.eval()
+    assert model.transformer.drop.training is False
+    assert abs(model(ids, labels=ids).loss.item() - ref(ids, labels=ids).loss.item()) < 1e-5  # eval: no dropout

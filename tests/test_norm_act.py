@@ -138,3 +138,30 @@ def test_embedding_matches_torch(device):
             ours(bad)
     with pytest.raises(ValueError, match="padding_idx"):
         nt.nn.Embedding(10, 4, padding_idx=0)
+
+
+def test_dropout_is_seeded_scaled_and_its_backward_uses_the_same_mask(device):
+    x = torch.randn(300, 97, device=device)
+    drop = nt.nn.Dropout(0.3, tile_size=40, batch_tile_size=64)
+    xt = nt.TileTensor.from_dense(x, (64, 40)).requires_grad_(True)
+    torch.manual_seed(5)
+    y = drop(xt)
+    assert isinstance(y, nt.TileTensor)
+    yd = y.materialize()
+    kept = yd != 0
+    assert abs(1 - kept.float().mean().item() - 0.3) < 0.01  # 29100 draws: 5 standard deviations
+    torch.testing.assert_close(yd[kept], x[kept] / 0.7, rtol=1e-6, atol=0)
+    gy = torch.randn_like(x)
+    (gx,) = torch.autograd.grad(y, [xt], gy)
+    assert torch.equal(gx.materialize() != 0, kept)
+    torch.testing.assert_close(gx.materialize()[kept], gy[kept] / 0.7, rtol=1e-6, atol=0)
+    torch.manual_seed(5)
+    assert torch.equal(drop(xt).materialize(), yd)  # same seed, same mask
+    assert not torch.equal(drop(xt).materialize(), yd)  # the next call draws a new seed
+    # the mask does not depend on the device: the CPU computes the same one
+    torch.manual_seed(5)
+    assert torch.equal(drop(nt.TileTensor.from_dense(x.cpu(), (64, 40))).materialize().cpu(), yd.cpu())
+    drop.eval()
+    assert drop(xt) is xt
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        nt.nn.Dropout(1.5)

@@ -41,6 +41,9 @@ void embedding_backward(TileTensor &ids, TileTensor &dy, TileTensor &dtable);
 // src's (M, C) blocks of r rows (in order). Row tiles of the (M, C) side hold whole blocks.
 void add_blocks(TileTensor &src, TileTensor &dst);
 void sum_blocks(TileTensor &src, TileTensor &dst);
+// Dropout with probability p, the mask a function of (seed, element index): y tiled like x. The backward is the
+// same call on dy (same seed).
+void dropout(TileTensor &x, TileTensor &y, float p, int64_t seed);
 // Cross-entropy with ignore_index -100: logits (M, V) float32 in tiles (bt, tv), labels (M) int64 tiled (bt),
 // stats (M, 3) tiled (bt, 3), acc (2), loss (1) = mean (or sum) over counted rows. Backward: dlogits tiled
 // like logits, gout (1). Reductions run in a fixed order (deterministic).

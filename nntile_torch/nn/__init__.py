@@ -1,6 +1,6 @@
 """Drop-in replacements for torch.nn modules, executed as tile tasks."""
 from .embedding import Embedding
 from .linear import Conv1D, Linear
-from .norm_act import GELU, LayerNorm
+from .norm_act import GELU, Dropout, LayerNorm
 
-__all__ = ["Linear", "Conv1D", "LayerNorm", "GELU", "Embedding"]
+__all__ = ["Linear", "Conv1D", "LayerNorm", "GELU", "Embedding", "Dropout"]

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from .. import config
-from ..functional import GeluFunction, LayerNormFunction
+from ..functional import DropoutFunction, GeluFunction, LayerNormFunction
 from ..runtime import ensure_init
 from ..tensor import TileTensor
 
@@ -88,3 +88,32 @@ class GELU(nn.Module):
 
     def extra_repr(self):
         return f"approximate={self.approximate!r}"
+
+
+class Dropout(nn.Module):
+    """torch.nn.Dropout as tile tasks. In training each call draws a seed from torch's default CPU generator
+    (so torch.manual_seed makes runs repeatable); the mask is a hash of (seed, element index), the same on CPU
+    and GPU and for any worker count, recomputed in backward rather than stored. It is not torch's mask: the
+    same seed gives other elements dropped than torch.nn.Dropout would. Identity in eval mode or for p = 0."""
+
+    def __init__(self, p=0.5, inplace=False, *, tile_size=None, batch_tile_size=None):
+        super().__init__()
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p!r}")
+        self.p = float(p)
+        self.inplace = inplace  # accepted for compatibility; the result is always a new tensor
+        self.tile_size = config.check_tile(tile_size, "tile_size") or config.DEFAULT_TILE_SIZE
+        self.batch_tile_size = config.check_tile(batch_tile_size, "batch_tile_size") or config.DEFAULT_BATCH_TILE_SIZE
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        _check_input(x, "Dropout")
+        if self.p == 1.0:
+            return x * 0.0
+        ensure_init()
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+        return DropoutFunction.apply(x, self.p, seed, self.batch_tile_size, self.tile_size)
+
+    def extra_repr(self):
+        return f"p={self.p}"

@@ -1,0 +1,29 @@
+// Dropout through ATen integer ops on tiles (identical masks on CPU and CUDA).
+#include "dropout.h"
+
+#include <c10/core/GradMode.h>
+
+namespace nntile::kernels {
+
+namespace {
+// Logical right shift of int64 values (ATen's >> is arithmetic on signed types).
+at::Tensor shr(const at::Tensor &z, int s) { return at::bitwise_and(at::bitwise_right_shift(z, s), (int64_t)((~0ULL) >> s)); }
+}  // namespace
+
+void dropout(const Where &w, int64_t n, int64_t offset, int64_t seed, float p, const float *x, float *y) {
+    StreamScope scope(w);
+    c10::NoGradGuard no_grad;
+    auto opts = at::TensorOptions().dtype(at::kLong).device(w.cuda ? at::Device(at::kCUDA, w.device) : at::kCPU);
+    // splitmix64 of seed * golden + index (wrapping int64 arithmetic)
+    auto z = at::arange(offset, offset + n, opts) + (int64_t)((uint64_t)seed * 0x9E3779B97F4A7C15ULL);
+    z = (z ^ shr(z, 30)) * (int64_t)0xBF58476D1CE4E5B9ULL;
+    z = (z ^ shr(z, 27)) * (int64_t)0x94D049BB133111EBULL;
+    z = z ^ shr(z, 31);
+    auto u = shr(z, 40);  // 24 uniform bits
+    auto keep = u.lt((int64_t)((1.0 - (double)p) * (double)(1 << 24)));
+    auto X = wrap(x, {n}, w);
+    auto Y = wrap(y, {n}, w);
+    at::mul_out(Y, X, keep.to(at::kFloat) * (float)(1.0 / (1.0 - (double)p)));
+}
+
+}  // namespace nntile::kernels
