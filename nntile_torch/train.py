@@ -2,11 +2,16 @@
 
     python -m nntile_torch.train                      # small model, a few minutes on 2 CPU cores
     python -m nntile_torch.train --compare-torch      # also trains the unconverted model on the same batches
+    python -m nntile_torch.train --compare-fp64       # and a float64 copy: the reference both fp32 runs drift from
     python -m nntile_torch.train --checkpoint run/ckpt.pt --checkpoint-every 50
     python -m nntile_torch.train --resume run/ckpt.pt --steps 400
 
 Writes <out>/log.json (settings, per-step losses, tokens/s) and <out>/loss.png. On a machine with a GPU it
 trains there (--device cpu to stay on the CPU).
+
+Training is chaotic: two fp32 runs that round differently (converted and unconverted) agree closely at first and
+drift apart later, both equally valid. --compare-fp64 says whether the converted model rounds worse than PyTorch:
+it measures how far each fp32 curve strays from the float64 one.
 """
 import argparse
 import copy
@@ -53,6 +58,9 @@ def parse_args(argv=None):
     ap.add_argument("--corpus-bytes", type=int, default=8 << 20, help="bytes of corpus to read (default 8 MiB)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compare-torch", action="store_true", help="train the unconverted model beside it")
+    ap.add_argument("--compare-fp64", action="store_true",
+                    help="also train a float64 copy of the unconverted model as the reference (implies "
+                         "--compare-torch)")
     ap.add_argument("--checkpoint", help="path to save checkpoints to (atomically)")
     ap.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at the end)")
     ap.add_argument("--resume", help="checkpoint to resume model, optimizer and step from")
@@ -62,6 +70,7 @@ def parse_args(argv=None):
     for name in ("seq", "batch", "steps"):
         if getattr(args, name) <= 0:
             ap.error(f"--{name} must be positive (got {getattr(args, name)})")
+    args.compare_torch = args.compare_torch or args.compare_fp64
     return args
 
 
@@ -82,6 +91,17 @@ def lr_at(step, args):
     return args.lr * min(1.0, (step + 1) / max(1, args.warmup))
 
 
+def hf_loss(model, ids):
+    return model(ids, labels=ids).loss
+
+
+def float64_loss(model, ids):
+    """Next-byte cross-entropy in float64 throughout: Hugging Face's own loss casts the logits to float32, which
+    would round the reference's loss and its gradient to fp32."""
+    logits = model(ids).logits  # (batch, seq, vocab)
+    return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+
+
 def save_checkpoint(path, model, opt, step, log):
     """Writes to a temporary file, then renames: a crash leaves the previous checkpoint whole."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -90,20 +110,84 @@ def save_checkpoint(path, model, opt, step, log):
     os.replace(tmp, path)
 
 
+PAIRS = {  # name in the log's "deviations" -> the two per-step losses it compares
+    "nntile_vs_torch": ("loss", "torch_loss"),
+    "nntile_vs_fp64": ("loss", "fp64_loss"),
+    "torch_vs_fp64": ("torch_loss", "fp64_loss"),
+}
+
+
+def deviations(log, window=100):
+    """Largest |difference| between each pair of loss curves, over the run and per window of `window` steps.
+
+    Returns {pair: {"max": float, "windows": [{"first": step, "last": step, "max": float}, ...]}} for the pairs
+    the log holds; windows are steps [k * window, (k + 1) * window) cut at the log's last step, the same for
+    every pair."""
+    out, end = {}, max((r["step"] for r in log), default=0)
+    for name, (a, b) in PAIRS.items():
+        worst = {}
+        for r in log:
+            if a in r and b in r:
+                k = r["step"] // window
+                worst[k] = max(worst.get(k, 0.0), abs(r[a] - r[b]))
+        if worst:
+            out[name] = {"max": max(worst.values()),
+                         "windows": [{"first": k * window, "last": min((k + 1) * window - 1, end), "max": worst[k]}
+                                     for k in sorted(worst)]}
+    return out
+
+
 def plot(log, path, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fp64 = any("fp64_loss" in r for r in log)
+    if fp64:
+        fig, (ax, dax) = plt.subplots(2, 1, figsize=(7, 7), sharex=True, height_ratios=(4, 3))
+    else:
+        fig, ax = plt.subplots(figsize=(7, 4))
     steps = [r["step"] for r in log]
     ax.plot(steps, [r["loss"] for r in log], label="nntile_torch (converted)")
     if any("torch_loss" in r for r in log):
         ax.plot(steps, [r.get("torch_loss", math.nan) for r in log], "--", label="PyTorch (unconverted)")
-    ax.set_xlabel("step"), ax.set_ylabel("cross-entropy (nats/byte)"), ax.set_title(title), ax.legend()
+    if fp64:
+        ax.plot(steps, [r.get("fp64_loss", math.nan) for r in log], ":", color="k", label="PyTorch float64")
+    ax.set_ylabel("cross-entropy (nats/byte)"), ax.set_title(title), ax.legend()
     ax.grid(alpha=0.3)
+    if fp64:
+        styles = {"nntile_vs_torch": ("|nntile - torch|", "C2"), "nntile_vs_fp64": ("|nntile - float64|", "C0"),
+                  "torch_vs_fp64": ("|torch - float64|", "C1")}
+        span = max(1, len(log) // 20)
+        for name, (a, b) in PAIRS.items():
+            # A zero difference has no place on a log axis: left as a gap.
+            diff = [abs(r[a] - r[b]) if a in r and b in r and r[a] != r[b] else math.nan for r in log]
+            label, color = styles[name]
+            dax.plot(steps, diff, lw=0.6, alpha=0.35, color=color)
+            # Per-step differences jump by decades; the running maximum shows the trend of each pair.
+            peak = [max((d for d in diff[max(0, i - span + 1):i + 1] if d == d), default=math.nan)
+                    for i in range(len(diff))]
+            dax.plot(steps, peak, lw=1.6, color=color, label=f"{label} (max of last {span} steps)")
+        dax.set_yscale("log"), dax.set_ylabel("|loss difference| (thin: per step)"), dax.legend(fontsize=8)
+        dax.grid(alpha=0.3, which="both")
+        dax.set_xlabel("step")
+    else:
+        ax.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def print_deviations(devs):
+    """A table: one row per pair of curves, the largest |difference| over the run, then per window of steps."""
+    names = {"nntile_vs_torch": "nntile - torch", "nntile_vs_fp64": "nntile - fp64", "torch_vs_fp64": "torch - fp64"}
+    spans = sorted({(w["first"], w["last"]) for d in devs.values() for w in d["windows"]})
+    if not spans:
+        return
+    print(f"{'max |loss difference|':<21} {'run':>9}  " + " ".join(f"{f'{a}-{b}':>9}" for a, b in spans))
+    for name, d in devs.items():
+        by_span = {(w["first"], w["last"]): w["max"] for w in d["windows"]}
+        cells = " ".join(f"{by_span[s]:9.2e}" if s in by_span else f"{'-':>9}" for s in spans)
+        print(f"  {names[name]:<19} {d['max']:9.2e}  {cells}")
 
 
 def main(argv=None):
@@ -112,20 +196,28 @@ def main(argv=None):
     nt.init(cuda_memory_limit=args.cuda_memory_limit, host_memory_limit=args.host_memory_limit)
     ref = build_model(args, device)
     torch_model = copy.deepcopy(ref) if args.compare_torch else None
+    fp64_model = copy.deepcopy(ref).double() if args.compare_fp64 else None
     width = ref.config.n_embd
     model = nt.convert(ref, precision=args.precision, tile_size=args.tile_size or max(1024, 3 * width),
                        batch_tile_size=args.batch_tile_size or args.seq)
     opt = nt.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
-    topt = (torch.optim.AdamW(torch_model.parameters(), lr=args.lr, weight_decay=args.weight_decay, foreach=False)
-            if torch_model is not None else None)
+    references = []  # (log key, model, loss function, optimizer): unconverted models trained on the same batches
+    for key, ref_model, loss_fn in (("torch_loss", torch_model, hf_loss), ("fp64_loss", fp64_model, float64_loss)):
+        if ref_model is not None:
+            references.append((key, ref_model, loss_fn, torch.optim.AdamW(
+                ref_model.parameters(), lr=args.lr, weight_decay=args.weight_decay, foreach=False)))
     start, log = 0, []
     if args.resume:
         ck = torch.load(args.resume, map_location="cpu", weights_only=False)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         start, log = ck["step"], ck["log"]
-        if torch_model is not None:  # the comparison restarts from the same weights
-            torch_model.load_state_dict(ck["model"])
+        for _, ref_model, _, ref_opt in references:  # the comparisons restart from the same weights and moments
+            ref_model.load_state_dict(ck["model"])  # (cast to float64 for the float64 copy)
+            # A copy: load_state_dict keeps tensors that already match, which the other optimizers would then share.
+            ref_opt.load_state_dict(copy.deepcopy(ck["optimizer"]))
+            for group in ref_opt.param_groups:  # the saved groups say foreach=None; keep the single-tensor loop
+                group["foreach"] = False
     batches = Batches(stdlib_corpus(args.corpus_bytes), args.batch, args.seq, args.seed)
     params = sum(p.numel() for p in model.parameters())
     print(f"nntile_torch: GPT-2 {args.model} ({params / 1e6:.2f}M parameters) on {device}, precision "
@@ -139,41 +231,48 @@ def main(argv=None):
             group["lr"] = lr_at(step, args)
         t0 = time.perf_counter()
         opt.zero_grad()
-        loss = model(ids, labels=ids).loss
+        loss = hf_loss(model, ids)
         loss.backward()
         opt.step()
         value = loss.item()
         dt = time.perf_counter() - t0
         rec = {"step": step, "loss": value, "tokens_per_s": tokens / dt}
-        if torch_model is not None:
-            for group in topt.param_groups:
+        for key, ref_model, loss_fn, ref_opt in references:  # after dt: tokens/s measures the converted model alone
+            for group in ref_opt.param_groups:
                 group["lr"] = lr_at(step, args)
-            topt.zero_grad()
-            tl = torch_model(ids, labels=ids).loss
-            tl.backward()
-            topt.step()
-            rec["torch_loss"] = tl.item()
+            ref_opt.zero_grad()
+            ref_loss = loss_fn(ref_model, ids)
+            ref_loss.backward()
+            ref_opt.step()
+            rec[key] = ref_loss.item()
         log.append(rec)
         if not math.isfinite(value):
             raise SystemExit(f"loss became {value} at step {step}; stopping (no checkpoint written)")
         post = {"loss": f"{value:.4f}", "tok/s": f"{rec['tokens_per_s']:.0f}"}
         if "torch_loss" in rec:
             post["torch"] = f"{rec['torch_loss']:.4f}"
+        if "fp64_loss" in rec:
+            post["fp64"] = f"{rec['fp64_loss']:.4f}"
         bar.set_postfix(post)
         if args.checkpoint and args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
             save_checkpoint(args.checkpoint, model, opt, step + 1, log)
     if args.checkpoint:
         save_checkpoint(args.checkpoint, model, opt, args.steps, log)
     os.makedirs(args.out, exist_ok=True)
+    devs = deviations(log)
     summary = {"args": vars(args), "device": device, "parameters": params,
-               "nntile": {k: v for k, v in nt.info().items() if k != "settings"}, "stats": nt.stats(), "steps": log}
+               "nntile": {k: v for k, v in nt.info().items() if k != "settings"}, "stats": nt.stats(),
+               "deviations": devs, "steps": log}
     with open(os.path.join(args.out, "log.json"), "w") as f:
         json.dump(summary, f, indent=1)
     plot(log, os.path.join(args.out, "loss.png"),
          f"GPT-2 {args.model}, {params / 1e6:.1f}M params, {args.precision}, {device}")
     if log:
         last = log[-1]
-        extra = f" (PyTorch {last['torch_loss']:.4f})" if "torch_loss" in last else ""
+        refs = [f"{name} {last[key]:.4f}" for name, key in (("PyTorch", "torch_loss"), ("float64", "fp64_loss"))
+                if key in last]
+        extra = f" ({', '.join(refs)})" if refs else ""
+        print_deviations(devs)
         print(f"final loss {last['loss']:.4f}{extra}; wrote {args.out}/log.json and {args.out}/loss.png")
     return log
 

@@ -20,16 +20,46 @@ def test_compare_torch_log_and_plot(tmp_path):
     assert (tmp_path / "run" / "loss.png").stat().st_size > 1000
 
 
+def test_compare_fp64_logs_the_reference_and_nntile_strays_from_it_no_more_than_torch(tmp_path):
+    log = train.main(COMMON + ["--compare-fp64", "--out", str(tmp_path / "run")])
+    assert len(log) == 6 and all({"loss", "torch_loss", "fp64_loss"} <= r.keys() for r in log)
+    nntile_dev = max(abs(r["loss"] - r["fp64_loss"]) for r in log)
+    torch_dev = max(abs(r["torch_loss"] - r["fp64_loss"]) for r in log)
+    # The float64 copy really is float64: fp32 rounding shows against it, and it trains the same model.
+    assert 0 < torch_dev < 1e-4, torch_dev
+    # nntile's fp32 rounding error is of the order of PyTorch's own (a wrong gradient or update is far larger).
+    assert nntile_dev <= 4 * torch_dev + 1e-6, (nntile_dev, torch_dev)
+    data = json.loads((tmp_path / "run" / "log.json").read_text())
+    assert data["args"]["compare_torch"] and data["steps"][-1]["fp64_loss"] == log[-1]["fp64_loss"]
+    devs = data["deviations"]
+    assert devs["nntile_vs_fp64"]["max"] == pytest.approx(nntile_dev)
+    assert devs["torch_vs_fp64"]["windows"] == [{"first": 0, "last": 5, "max": pytest.approx(torch_dev)}]
+    assert (tmp_path / "run" / "loss.png").stat().st_size > 1000
+
+
+def test_deviations_per_window():
+    log = [{"step": s, "loss": 1.0 + s * 1e-3, "torch_loss": 1.0, "fp64_loss": 1.0 - 1e-4} for s in range(250)]
+    devs = train.deviations(log)
+    assert [(w["first"], w["last"]) for w in devs["nntile_vs_torch"]["windows"]] == [(0, 99), (100, 199),
+                                                                                      (200, 249)]
+    assert [w["max"] for w in devs["nntile_vs_torch"]["windows"]] == pytest.approx([0.099, 0.199, 0.249])
+    assert devs["torch_vs_fp64"]["max"] == pytest.approx(1e-4)
+    assert devs["nntile_vs_fp64"]["max"] == pytest.approx(0.249 + 1e-4)
+    assert train.deviations([{"step": 0, "loss": 1.0}]) == {}
+
+
 def test_resume_continues_the_same_trajectory(tmp_path):
-    full = train.main(COMMON + ["--out", str(tmp_path / "full")])
+    full = train.main(COMMON + ["--compare-fp64", "--out", str(tmp_path / "full")])
     ck = str(tmp_path / "ck" / "ckpt.pt")
     first = train.main(COMMON[:1] + ["3"] + COMMON[2:] + ["--checkpoint", ck, "--out", str(tmp_path / "a")])
     assert os.path.exists(ck) and not [f for f in os.listdir(tmp_path / "ck") if ".tmp." in f]
-    resumed = train.main(COMMON + ["--resume", ck, "--out", str(tmp_path / "b")])
+    resumed = train.main(COMMON + ["--compare-fp64", "--resume", ck, "--out", str(tmp_path / "b")])
     assert [r["step"] for r in resumed] == list(range(6))
     assert resumed[:3] == first
     for a, b in zip(resumed[3:], full[3:]):
         assert abs(a["loss"] - b["loss"]) <= 1e-6 * b["loss"]
+        # The references restart from the checkpoint's weights and Adam moments (fp32, so float64 only nearly).
+        assert abs(a["torch_loss"] - b["torch_loss"]) <= 1e-5 and abs(a["fp64_loss"] - b["fp64_loss"]) <= 1e-5
 
 
 def test_bad_arguments():
