@@ -107,6 +107,17 @@ def set_precision(precision):
     torch.backends.cudnn.allow_tf32 = tf32
 
 
+def train_step(model, opt):
+    """One plain training step of a (wrapped) Hugging Face model with a torch optimizer."""
+    def step(ids):
+        opt.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        return loss
+    return step
+
+
 def torch_adamw(params, spec):
     # Fused: one pass over each parameter and its states per step, on the GPU and (for offloaded FSDP shards,
     # DTensors included) on the CPU; torch's foreach path makes several.
@@ -214,12 +225,7 @@ def setup_fsdp(spec, cuda, rank, world):
                  device_id=device, use_orig_params=True, limit_all_gathers=True)
     opt = torch_adamw(model.parameters(), spec)
 
-    def step(ids):
-        opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        return loss
+    step = train_step(model, opt)
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     # FSDP1 itself turns FULL_SHARD into NO_SHARD for one rank (the same thing there); say so.
@@ -258,12 +264,7 @@ def setup_fsdp2(spec, cuda, rank, world):
         model.to(device)
     opt = torch_adamw(model.parameters(), spec)
 
-    def step(ids):
-        opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        return loss
+    step = train_step(model, opt)
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     env = {"init_device": dev0, "wrap": "fully_shard per GPT2Block + root", "cpu_offload": offload,
