@@ -26,9 +26,9 @@ for step in "$@"; do
   t0=$(date +%s)
   case $step in
     tests) python3 -m pytest -q -rs --timeout 240 --timeout-method thread tests 2>&1 | tee "$OUT/tests.log" | tail -25; rc=${PIPESTATUS[0]} ;;
-    gputests)  # the CUDA variants of the op and model parity tests
-      python3 -m pytest -q -rs --timeout 100 --timeout-method thread -k cuda tests/test_norm_act.py tests/test_convert.py \
-        tests/test_adamw.py 2>&1 | tee "$OUT/gputests.log" | tail -25; rc=${PIPESTATUS[0]} ;;
+    gputests)  # the CUDA variants of every op and model test (marked cuda)
+      python3 -m pytest -q -rs --timeout 150 --timeout-method thread -m cuda tests 2>&1 | tee "$OUT/gputests.log" \
+        | tail -25; rc=${PIPESTATUS[0]} ;;
     multigpu)  # several GPUs (kinds nvidia-h200-x2/x4/x8): the place tests, then nntile XL on 1 and on all GPUs
       python3 -m pytest -q --timeout 200 tests/test_places.py 2>&1 | tee "$OUT/multigpu.log" | tail -3
       ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
@@ -38,6 +38,15 @@ for step in "$@"; do
           2>&1 | tee -a "$OUT/multigpu.log" | tail -2
       done
       tar czf "$OUT/bench_multigpu.tgz" -C /tmp/bench_mg . ; rc=0 ;;
+    profile)  # where a converted step's time goes; PROFILE_ARGS: benchmarks.profile_step arguments, runs joined by ';'
+      IFS=';' read -ra runs <<< "${PROFILE_ARGS:---config xl}"; i=0
+      for r in "${runs[@]}"; do
+        i=$((i + 1)); echo "== profile $i: $r" | tee -a "$OUT/profile.log"
+        # shellcheck disable=SC2086  # a run is a list of arguments
+        STARPU_WORKER_STATS=1 STARPU_BUS_STATS=1 timeout ${PROFILE_TIMEOUT:-200} python3 -m benchmarks.profile_step $r \
+          --out "$OUT/profile_$i.json" >>"$OUT/profile.log" 2>&1; echo "rc=$?" >>"$OUT/profile.log"
+        grep -E "^step|^profiled|^\{" "$OUT/profile.log" | tail -8
+      done; rc=0 ;;
     gemm) python3 -m benchmarks.gemm --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | tail -30; rc=${PIPESTATUS[0]} ;;
     linear) for prec in bf16 tf32; do
               python3 -m benchmarks.linear --precision $prec --out "$OUT/linear_$prec.json" 2>&1 | tee -a "$OUT/linear.log" | tail -3

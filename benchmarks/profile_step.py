@@ -1,0 +1,115 @@
+"""Where a converted GPT-2 step spends its time: setup phases, per step the time to submit the tasks (the Python
+thread) against the time until they have all run, and for one step under torch.profiler the GPU kernels (busy
+time, count, top kernels by total time), so the gap between wall time and kernel time is visible.
+
+    python -m benchmarks.profile_step --config xl --batch 8 --seq 1024 [--batch-tile-size 8192] [--ncpus 1]
+
+Prints a summary and writes it as JSON (--out). StarPU's own worker and bus statistics are printed at exit when
+STARPU_WORKER_STATS=1 / STARPU_BUS_STATS=1 are set (StarPU reads them at init).
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from benchmarks.configs import CONFIGS, hf_config
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="xl", choices=sorted(CONFIGS))
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16"])
+    ap.add_argument("--tile-size", type=int)
+    ap.add_argument("--batch-tile-size", type=int)
+    ap.add_argument("--ncpus", type=int)
+    ap.add_argument("--scheduler")
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--no-profile", action="store_true", help="skip the torch.profiler step")
+    ap.add_argument("--out", help="JSON summary")
+    args = ap.parse_args()
+
+    import transformers
+    import nntile_torch as nt
+    cuda = torch.cuda.is_available()
+    out = {"args": vars(args)}
+    t = time.perf_counter()
+    nt.init(ncpus=args.ncpus, scheduler=args.scheduler)
+    out["init_s"] = time.perf_counter() - t
+    cfg = hf_config(args.config, args.seq)
+    torch.manual_seed(0)
+    dev = "cuda" if cuda else "cpu"
+    t = time.perf_counter()
+    with torch.device(dev):
+        model = transformers.GPT2LMHeadModel(cfg)
+    if cuda:
+        torch.cuda.synchronize()
+    out["build_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    tile = args.tile_size or max(1024, 3 * cfg.n_embd)
+    model = nt.convert(model, precision=args.precision, tile_size=tile, batch_tile_size=args.batch_tile_size or args.seq)
+    nt.synchronize()
+    out["convert_s"] = time.perf_counter() - t
+    if cuda:
+        torch.cuda.empty_cache()
+    t = time.perf_counter()
+    opt = nt.optim.AdamW(model.parameters(), lr=1e-4)
+    out["optimizer_s"] = time.perf_counter() - t
+    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq)).to(dev)
+
+    def step():
+        opt.zero_grad()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        return loss
+
+    steps = []
+    for s in range(args.steps):
+        n0 = nt.stats()["tasks_submitted"]
+        t = time.perf_counter()
+        loss = step()
+        t_sub = time.perf_counter() - t
+        value = float(loss.detach())
+        nt.synchronize()
+        t_all = time.perf_counter() - t
+        steps.append({"submit_s": t_sub, "step_s": t_all, "tasks": nt.stats()["tasks_submitted"] - n0, "loss": value})
+        print(f"step {s}: submit {t_sub:.3f} s, all done {t_all:.3f} s, {steps[-1]['tasks']} tasks, loss {value:.4f}",
+              flush=True)
+    out["steps"] = steps
+    out["step_s_median"] = statistics.median(x["step_s"] for x in steps[1:] or steps)
+    if cuda and not args.no_profile:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t = time.perf_counter()
+            float(step().detach())
+            nt.synchronize()
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        busy = sum(e.device_time for e in kernels) / 1e6
+        by_name = {}
+        for e in kernels:
+            n, tt = by_name.get(e.name, (0, 0.0))
+            by_name[e.name] = (n + 1, tt + e.device_time / 1e6)
+        top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:15]
+        cpu_top = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+        out["profiled"] = {"wall_s": wall, "kernel_busy_s": busy, "kernels": len(kernels),
+                           "top_kernels": [{"name": k[:90], "count": n, "s": s} for k, (n, s) in top]}
+        print(f"profiled step: wall {wall:.3f} s, GPU kernels busy {busy:.3f} s ({len(kernels)} kernels)")
+        for k, (n, s) in top:
+            print(f"  {s:8.4f} s  {n:6d}x  {k[:90]}")
+        print(cpu_top)
+    out["stats"] = nt.stats()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    print(json.dumps({k: v for k, v in out.items() if k.endswith("_s") or k == "step_s_median"}), flush=True)
+    nt.runtime._exit()  # StarPU prints its worker / bus statistics here when asked to
+
+
+if __name__ == "__main__":
+    main()
