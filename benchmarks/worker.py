@@ -164,9 +164,10 @@ def setup_nntile(spec, cuda, rank, world):
     device = dev0  # the tile modules' home: inputs go there (StarPU still places the tasks on every GPU)
     width = hf_config(spec["config"], spec["seq"]).n_embd
     # Defaults as the training CLI: weight tiles hold 3 x width (LayerNorm and attention need whole rows in one
-    # tile to stay tile tasks), activation tiles one sequence.
+    # tile to stay tile tasks), activation tiles whole sequences (on GPUs the batch split once per place).
     tile = o["tile_size"] or max(1024, 3 * width)
-    btile = o["batch_tile_size"] or spec["seq"]
+    btile = o["batch_tile_size"] or nt.config.rows_per_tile(spec["batch"], spec["seq"], cuda,
+                                                            nt.info().get("places", 1))
     model = nt.convert(build_model(spec, dev0), precision=spec["precision"], tile_size=tile, batch_tile_size=btile)
     if cuda:
         torch.cuda.empty_cache()  # the dense weights are gone; give their memory back to the device

@@ -144,9 +144,9 @@ PYBIND11_MODULE(_C, m) {
     m.def("layer_norm_backward", &ops::layer_norm_backward, py::arg("dy"), py::arg("x"), py::arg("mean"),
           py::arg("rstd"), py::arg("weight"), py::arg("dx"), py::arg("dweight"), py::arg("dbias"));
     m.def("attention_forward", &ops::attention_forward, py::arg("qkv"), py::arg("y"), py::arg("seq"), py::arg("nheads"),
-          py::arg("scale"));
+          py::arg("scale"), py::arg("bf16") = false);
     m.def("attention_backward", &ops::attention_backward, py::arg("dy"), py::arg("qkv"), py::arg("dqkv"), py::arg("seq"),
-          py::arg("nheads"), py::arg("scale"));
+          py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false);
     m.def("embedding_forward", &ops::embedding_forward, py::arg("ids"), py::arg("table"), py::arg("out"));
     m.def("dropout", &ops::dropout, py::arg("x"), py::arg("y"), py::arg("p"), py::arg("seed"));
     m.def("add_blocks", &ops::add_blocks, py::arg("src"), py::arg("dst"));

@@ -178,15 +178,16 @@ class LayerNormFunction(torch.autograd.Function):
 class CausalAttentionFunction(torch.autograd.Function):
     """Causal multi-head self-attention: qkv (B, T, 3C), a TileTensor whose tiles hold whole rows and whole
     sequences (row tile a multiple of T), -> y (B, T, C) with heads side by side, tiled by the same rows.
-    One task per row tile; the backward task recomputes the forward (no T x T matrix is kept)."""
+    One task per row tile; the backward task recomputes the forward (no T x T matrix is kept). bf16: the kernel
+    computes in bfloat16, as torch's attention under bf16 autocast (tiles stay float32)."""
 
     @staticmethod
-    def forward(ctx, qkv, nheads, scale):
+    def forward(ctx, qkv, nheads, scale, bf16=False):
         t = qkv.tiles
         b, seq, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         y = _C.TileTensor([t.shape[0], c], [t.tile_shape[0], c], "float32", "attention.y")
-        _C.attention_forward(t, y, seq, nheads, scale)
-        ctx.qkv, ctx.y, ctx.seq, ctx.nheads, ctx.scale = t, y, seq, nheads, scale
+        _C.attention_forward(t, y, seq, nheads, scale, bf16)
+        ctx.qkv, ctx.y, ctx.seq, ctx.nheads, ctx.scale, ctx.bf16 = t, y, seq, nheads, scale, bf16
         ctx.shape, ctx.device = qkv.shape, qkv.device
         return TileTensor(y, (b, seq, c), qkv.device)
 
@@ -194,8 +195,8 @@ class CausalAttentionFunction(torch.autograd.Function):
     def backward(ctx, dy):
         t = ctx.qkv
         dqkv = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "attention.dqkv")
-        _C.attention_backward(tiles_like(ctx.y, dy, ctx.y.shape), t, dqkv, ctx.seq, ctx.nheads, ctx.scale)
-        return TileTensor(dqkv, ctx.shape, ctx.device), None, None
+        _C.attention_backward(tiles_like(ctx.y, dy, ctx.y.shape), t, dqkv, ctx.seq, ctx.nheads, ctx.scale, ctx.bf16)
+        return TileTensor(dqkv, ctx.shape, ctx.device), None, None, None
 
 
 def attention_tiles_ok(qkv):

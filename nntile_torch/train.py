@@ -51,7 +51,7 @@ def parse_args(argv=None):
     ap.add_argument("--tile-size", type=int,
                     help="tile edge for weights (default: max(1024, 3 * width), so that attention tiles hold whole "
                          "rows and run as tile tasks)")
-    ap.add_argument("--batch-tile-size", type=int, help="rows per activation tile (default: one sequence)")
+    ap.add_argument("--batch-tile-size", type=int, help="rows per activation tile (default: whole sequences; one per tile on CPUs, on GPUs the batch split once per GPU)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--cuda-memory-limit", help="StarPU's share of GPU memory, e.g. 100GiB")
     ap.add_argument("--host-memory-limit", help="StarPU's share of host RAM, e.g. 64GiB")
@@ -199,7 +199,8 @@ def main(argv=None):
     fp64_model = copy.deepcopy(ref).double() if args.compare_fp64 else None
     width = ref.config.n_embd
     model = nt.convert(ref, precision=args.precision, tile_size=args.tile_size or max(1024, 3 * width),
-                       batch_tile_size=args.batch_tile_size or args.seq)
+                       batch_tile_size=args.batch_tile_size or nt.config.rows_per_tile(
+                           args.batch, args.seq, device == "cuda", nt.info().get("places", 1)))
     opt = nt.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     references = []  # (log key, model, loss function, optimizer): unconverted models trained on the same batches
     for key, ref_model, loss_fn in (("torch_loss", torch_model, hf_loss), ("fp64_loss", fp64_model, float64_loss)):

@@ -29,14 +29,21 @@ for step in "$@"; do
     gputests)  # the CUDA variants of every op and model test (marked cuda)
       python3 -m pytest -q -rs --timeout 150 --timeout-method thread -m cuda tests 2>&1 | tee "$OUT/gputests.log" \
         | tail -25; rc=${PIPESTATUS[0]} ;;
-    multigpu)  # several GPUs (kinds nvidia-h200-x2/x4/x8): the place tests, then nntile XL on 1 and on all GPUs
+    multigpu)  # several GPUs (kinds nvidia-h200-x2/x4/x8): the place tests, then GPT-2 XL bf16 at 8 sequences per
+               # GPU: nntile and torch on 1 GPU, then nntile (one process), FSDP2 and DeepSpeed ZeRO-3 (torchrun) on all
       python3 -m pytest -q --timeout 200 tests/test_places.py 2>&1 | tee "$OUT/multigpu.log" | tail -3
+      if compgen -G ".whl/*.whl" >/dev/null; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+          .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+      fi
       ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
       for n in 1 "$ngpu"; do
-        CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) python3 -m benchmarks.run --backend nntile --config xl \
-          --precision bf16 --batch $((8 * n)) --seq 1024 --warmup 2 --steps 5 --timeout 200 --out /tmp/bench_mg \
-          2>&1 | tee -a "$OUT/multigpu.log" | tail -2
+        backends=nntile,torch; [ "$n" -gt 1 ] && backends=${MG_BACKENDS:-nntile,fsdp2,deepspeed:gpu}
+        CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((n - 1))) python3 -m benchmarks.run --backend $backends --config xl \
+          --precision bf16 --batch $((8 * n)) --seq 1024 --warmup 2 --steps 5 --timeout ${MG_TIMEOUT:-150} \
+          --out /tmp/bench_mg 2>&1 | tee -a "$OUT/multigpu.log" | grep -E "^\[|^benchmarks"
       done
+      python3 -m benchmarks.report /tmp/bench_mg 2>&1 | tail -12
       tar czf "$OUT/bench_multigpu.tgz" -C /tmp/bench_mg . ; rc=0 ;;
     profile)  # where a converted step's time goes; PROFILE_ARGS: benchmarks.profile_step arguments, runs joined by ';'
       IFS=';' read -ra runs <<< "${PROFILE_ARGS:---config xl}"; i=0

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import nntile_torch as nt
-from conftest import assert_close_as_torch
+from conftest import assert_close_as_torch, max_err
 
 
 def grads(module, x, gy, params=()):
@@ -115,6 +115,41 @@ def test_causal_attention_matches_torch(device, b, t, heads, hd, rows):
     (g64,) = torch.autograd.grad(y64, x64, gy.double())
     assert_close_as_torch(y, yr, y64, what="output")
     assert_close_as_torch(g, gr, g64, what="grad qkv")
+
+
+def test_causal_attention_in_bf16_no_worse_than_torch_in_bf16(device):
+    """bf16=True: q, k, v and the output gradient rounded to bfloat16, the kernel in bfloat16 (what torch does under
+    bf16 autocast). Output and gradient no further from the float64 result than twice torch's sdpa on bfloat16
+    inputs, and really in bfloat16 (further from float64 than the float32 kernel)."""
+    from nntile_torch.functional import CausalAttentionFunction
+    b, t, heads, hd = 2, 45, 3, 24
+    c = heads * hd
+    torch.manual_seed(3)
+    qkv = torch.randn(b, t, 3 * c, device=device)
+    gy = torch.randn(b, t, c, device=device)
+    scale = 1 / hd ** 0.5
+
+    def ref(z):
+        q, k, v = (u.reshape(b, t, heads, hd).transpose(1, 2) for u in z.split(c, dim=2))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale) \
+            .transpose(1, 2).reshape(b, t, c)
+
+    out = {}
+    for bf16 in (False, True):
+        tiled = nt.TileTensor.from_dense(qkv, (t, 3 * c), (b * t, 3 * c))
+        tiled.requires_grad_(True)
+        y = CausalAttentionFunction.apply(tiled, heads, scale, bf16)
+        (g,) = torch.autograd.grad(y, tiled, gy)
+        out[bf16] = (y.materialize(), g.materialize())
+    x = qkv.clone().requires_grad_(True)
+    yr = ref(x.bfloat16()).float()
+    (gr,) = torch.autograd.grad(yr, x, gy)
+    x64 = qkv.double().requires_grad_(True)
+    y64 = ref(x64)
+    (g64,) = torch.autograd.grad(y64, x64, gy.double())
+    assert_close_as_torch(out[True][0], yr, y64, what="bf16 output")
+    assert_close_as_torch(out[True][1], gr, g64, what="bf16 grad qkv")
+    assert max_err(out[True][0], y64) > 10 * max_err(out[False][0], y64)
 
 
 def test_embedding_matches_torch(device):

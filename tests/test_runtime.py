@@ -14,6 +14,18 @@ def test_info_describes_the_runtime():
     assert isinstance(d["scheduler"], str) and d["scheduler"]
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not (torch.cuda.is_available() and nt._C.built_with_cuda), reason="requires CUDA")
+def test_default_workers_with_a_gpu_are_the_gpus_and_one_cpu():
+    nt.shutdown()
+    try:
+        nt.init()
+        d = nt.info()
+        assert d["workers"]["cuda"] == torch.cuda.device_count() and d["workers"]["cpu"] == 1
+    finally:
+        nt.shutdown()
+
+
 def test_parse_bytes():
     assert parse_bytes("8GiB", "x") == 8 * 2**30
     assert parse_bytes("1.5 GB", "x") == 1_500_000_000

@@ -10,24 +10,25 @@ namespace {
 struct AttentionArgs {
     int64_t nseq, seq, c, nheads;
     float scale;
+    bool bf16;
 };
 
 uint32_t attention_footprint(starpu_task *task) {
     const auto &a = args_of<AttentionArgs>(task);
-    return hash_ints({a.nseq, a.seq, a.c, a.nheads});
+    return hash_ints({a.nseq, a.seq, a.c, a.nheads, a.bf16 ? 1 : 0});
 }
 
 template <bool Cuda>
 void fwd_func(void *buffers[], void *cl_arg) {  // buffers: qkv, y
     auto *a = static_cast<AttentionArgs *>(cl_arg);
-    kernels::attention_forward(where<Cuda>(), a->nseq, a->seq, a->c, a->nheads, a->scale,
+    kernels::attention_forward(where<Cuda>(), a->nseq, a->seq, a->c, a->nheads, a->scale, a->bf16,
                                (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
 }
 
 template <bool Cuda>
 void bwd_func(void *buffers[], void *cl_arg) {  // buffers: dy, qkv, dqkv
     auto *a = static_cast<AttentionArgs *>(cl_arg);
-    kernels::attention_backward(where<Cuda>(), a->nseq, a->seq, a->c, a->nheads, a->scale,
+    kernels::attention_backward(where<Cuda>(), a->nseq, a->seq, a->c, a->nheads, a->scale, a->bf16,
                                 (const float *)STARPU_VECTOR_GET_PTR(buffers[0]),
                                 (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]));
 }
@@ -47,21 +48,21 @@ starpu_codelet *cl_bwd() {
 
 }  // namespace
 
-void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
+void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                               starpu_data_handle_t qkv, starpu_data_handle_t y) {
     double flops = 4.0 * nseq * seq * seq * c / 2;  // causal: half of QK^T and PV
     NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_fwd(), STARPU_R, qkv, STARPU_W, y, STARPU_CL_ARGS,
-                                           cl_args(AttentionArgs{nseq, seq, c, nheads, scale}), sizeof(AttentionArgs), STARPU_FLOPS,
+                                           cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16}), sizeof(AttentionArgs), STARPU_FLOPS,
                                            flops, STARPU_NAME, "attention_forward", 0),
                         "submitting attention_forward seq=" << seq << " c=" << c);
     count_task();
 }
 
-void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
+void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                                starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t dqkv) {
     double flops = 3.5 * 4.0 * nseq * seq * seq * c / 2;  // recomputed forward + backward
     NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_bwd(), STARPU_R, dy, STARPU_R, qkv, STARPU_W, dqkv, STARPU_CL_ARGS,
-                                           cl_args(AttentionArgs{nseq, seq, c, nheads, scale}), sizeof(AttentionArgs), STARPU_FLOPS,
+                                           cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16}), sizeof(AttentionArgs), STARPU_FLOPS,
                                            flops, STARPU_NAME, "attention_backward", 0),
                         "submitting attention_backward seq=" << seq << " c=" << c);
     count_task();

@@ -34,10 +34,10 @@ void submit_layer_norm_backward(int64_t m, int64_t c, starpu_data_handle_t dy, s
                                 starpu_data_handle_t dx, starpu_data_handle_t dweight, starpu_data_handle_t dbias,
                                 float beta);
 // Causal self-attention over nseq whole sequences in one tile: qkv (nseq * seq, 3c) -> y (nseq * seq, c);
-// backward writes dqkv.
-void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
+// backward writes dqkv. bf16: computed in bfloat16 (float32 tiles in and out).
+void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                               starpu_data_handle_t qkv, starpu_data_handle_t y);
-void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
+void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                                starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t dqkv);
 // out (m, c) = (first ? 0 : out) + the rows of table (rows, c) picked by ids in [lo, lo + rows); backward:
 // dtable (rows, c) = (first ? 0 : dtable) + the dy rows of those ids.

@@ -18,11 +18,12 @@ namespace {
 int64_t padded_hd(const Where &w, int64_t hd) { return w.cuda ? (hd + 7) / 8 * 8 : hd; }
 
 std::array<at::Tensor, 3> split_heads(const Where &w, const at::Tensor &qkv, int64_t nseq, int64_t seq, int64_t c,
-                                      int64_t nheads) {
+                                      int64_t nheads, bool bf16) {
     int64_t hd = c / nheads, hp = padded_hd(w, hd);
     auto t = qkv.view({nseq, seq, 3, nheads, hd});
     auto part = [&](int64_t i) {
         auto x = t.select(2, i);
+        if (bf16) x = x.to(at::kBFloat16);
         x = hp == hd ? x.contiguous() : at::constant_pad_nd(x, {0, hp - hd});
         return x.transpose(1, 2);
     };
@@ -50,23 +51,24 @@ Forward attend(const Where &w, const at::Tensor &q, const at::Tensor &k, const a
 }
 }  // namespace
 
-void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
+void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                        const float *qkv, float *y) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
-    auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads);
+    auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads, bf16);
     auto f = attend(w, q, k, v, scale);
     wrap(y, {nseq, seq, nheads, c / nheads}, w).copy_(unpad(f.out, c / nheads));
 }
 
-void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
+void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                         const float *dy, const float *qkv, float *dqkv) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     int64_t hd = c / nheads, hp = padded_hd(w, hd);
-    auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads);
+    auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads, bf16);
     auto f = attend(w, q, k, v, scale);  // recomputed: nothing of the forward is kept between the passes
     auto g = wrap(dy, {nseq, seq, nheads, hd}, w);
+    if (bf16) g = g.to(at::kBFloat16);
     g = (hp == hd ? g : at::constant_pad_nd(g, {0, hp - hd})).transpose(1, 2);
     at::Tensor gq, gk, gv;
     if (w.cuda) {

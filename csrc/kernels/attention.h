@@ -2,6 +2,8 @@
 // memory-efficient on GPUs): no seq x seq score matrix per head is kept.
 // qkv: row-major (nseq * seq, 3 * c), each row [q | k | v], heads of hd = c / nheads contiguous inside each;
 // y: (nseq * seq, c) with heads side by side (what GPT-2's c_proj reads).
+// bf16: q, k, v (and the output gradient) are rounded to bfloat16 and the kernel runs in bfloat16 with float32
+// softmax statistics, as torch does under bf16 autocast; results are written back as float32.
 #pragma once
 #include <cstdint>
 
@@ -9,10 +11,10 @@
 
 namespace nntile::kernels {
 
-void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
+void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                        const float *qkv, float *y);
 // Recomputes the forward (activation recomputation) and writes dqkv (nseq * seq, 3 * c). No autograd inside.
-void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale,
+void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                         const float *dy, const float *qkv, float *dqkv);
 
 }  // namespace nntile::kernels

@@ -20,23 +20,24 @@ void check(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, const ch
 }
 }  // namespace
 
-void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale) {
+void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale, bool bf16) {
     check(qkv, y, seq, nheads, "attention");
     int64_t c = y.shape()[1];
     for (int64_t i = 0; i < qkv.grid()[0]; ++i) {
         OnWorker on(placement_worker(i));
-        codelets::submit_attention_forward(qkv.tile_extent(0, i) / seq, seq, c, nheads, scale, qkv.handle(i), y.handle(i));
+        codelets::submit_attention_forward(qkv.tile_extent(0, i) / seq, seq, c, nheads, scale, bf16, qkv.handle(i), y.handle(i));
     }
     y.bump_version();
 }
 
-void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale) {
+void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale,
+                        bool bf16) {
     check(qkv, dy, seq, nheads, "attention_backward");
     NNTILE_CHECK(dqkv.same_tiling(qkv), "attention_backward: dqkv must be tiled like qkv");
     int64_t c = dy.shape()[1];
     for (int64_t i = 0; i < qkv.grid()[0]; ++i) {
         OnWorker on(placement_worker(i));
-        codelets::submit_attention_backward(qkv.tile_extent(0, i) / seq, seq, c, nheads, scale, dy.handle(i),
+        codelets::submit_attention_backward(qkv.tile_extent(0, i) / seq, seq, c, nheads, scale, bf16, dy.handle(i),
                                             qkv.handle(i), dqkv.handle(i));
     }
     dqkv.bump_version();

@@ -31,8 +31,10 @@ void layer_norm_backward(TileTensor &dy, TileTensor &x, TileTensor &mean, TileTe
                          TileTensor &dx, TileTensor &dweight, TileTensor &dbias);
 // Causal self-attention: qkv (M, 3C) in tiles of whole rows holding whole sequences of `seq` positions
 // (row tile a multiple of seq) -> y (M, C), tiled by the same rows. Backward: dqkv tiled like qkv.
-void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale);
-void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale);
+// bf16: the kernel computes in bfloat16 (as torch under bf16 autocast); tiles stay float32.
+void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale, bool bf16);
+void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale,
+                        bool bf16);
 // Embedding lookup: ids (M) int64 tiled (bt), table (V, C) in tiles of whole rows (tv, C), out (M, C) tiled
 // (bt, C). One task per (row tile, vocabulary tile); backward overwrites dtable (tiled like table).
 void embedding_forward(TileTensor &ids, TileTensor &table, TileTensor &out);

@@ -34,7 +34,8 @@ def _forward(self, hidden_states, past_key_values=None, attention_mask=None, enc
                                              output_attentions=output_attentions, **kwargs)
     qkv = self.c_attn(hidden_states)  # (B, T, 3C)
     if attention_tiles_ok(qkv):
-        y = CausalAttentionFunction.apply(qkv, self.num_heads, float(self.scaling))
+        # The attention kernel runs in the precision of the layer feeding it (bf16 as torch under bf16 autocast).
+        y = CausalAttentionFunction.apply(qkv, self.num_heads, float(self.scaling), self.c_attn.precision == "bf16")
     else:  # tiles that do not hold whole rows and sequences: torch's fused attention on the dense values
         b, t, _ = qkv.shape
         q, k, v = (z.reshape(b, t, self.num_heads, self.head_dim).transpose(1, 2)
