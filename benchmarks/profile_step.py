@@ -51,7 +51,7 @@ def main():
     t = time.perf_counter()
     tile = args.tile_size or max(1024, 3 * cfg.n_embd)
     model = nt.convert(model, precision=args.precision, tile_size=tile, batch_tile_size=args.batch_tile_size or nt.config.rows_per_tile(
-        args.batch, args.seq, cuda, nt.info().get("places", 1)))
+        args.batch, args.seq, cuda, nt.runtime.num_places()))
     nt.synchronize()
     out["convert_s"] = time.perf_counter() - t
     if cuda:

@@ -167,7 +167,7 @@ def setup_nntile(spec, cuda, rank, world):
     # tile to stay tile tasks), activation tiles whole sequences (on GPUs the batch split once per place).
     tile = o["tile_size"] or max(1024, 3 * width)
     btile = o["batch_tile_size"] or nt.config.rows_per_tile(spec["batch"], spec["seq"], cuda,
-                                                            nt.info().get("places", 1))
+                                                            nt.runtime.num_places())
     model = nt.convert(build_model(spec, dev0), precision=spec["precision"], tile_size=tile, batch_tile_size=btile)
     if cuda:
         torch.cuda.empty_cache()  # the dense weights are gone; give their memory back to the device

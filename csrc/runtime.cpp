@@ -20,6 +20,7 @@ extern "C" {
 #include <vector>
 
 #include "common.h"
+#include "cuda_device.h"
 
 namespace nntile {
 
@@ -110,6 +111,7 @@ void apply_placement() {
 
 void runtime_init(const RuntimeConfig &cfg) {
     NNTILE_CHECK(!running, "StarPU runtime is already running");
+    KeepCudaDevice keep;
     setenv("STARPU_SILENT", "1", 0);
     // StarPU's default keeps 5-10% of a limited memory node's buffers "clean" by copying dirty ones to host RAM
     // ahead of need. Activation and gradient tiles live only on the GPU and are dropped soon after: on GPT-2 XL
@@ -156,6 +158,7 @@ void runtime_init(const RuntimeConfig &cfg) {
 
 void runtime_shutdown(bool keep_data) {
     if (!running) return;
+    KeepCudaDevice keep;
     for (auto &h : hooks()) h(keep_data);
     starpu_task_wait_for_all();
 #ifdef NNTILE_USE_CUDA

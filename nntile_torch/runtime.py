@@ -163,6 +163,11 @@ def synchronize():
 
 
 @atexit.register
+def num_places():
+    """How many devices row tiles are spread over (1 when tasks are not pinned)."""
+    return max(1, len(_C.places())) if _C.running() else 1
+
+
 def _exit():
     if _C.running():
         _C.shutdown(False)

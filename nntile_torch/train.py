@@ -200,7 +200,7 @@ def main(argv=None):
     width = ref.config.n_embd
     model = nt.convert(ref, precision=args.precision, tile_size=args.tile_size or max(1024, 3 * width),
                        batch_tile_size=args.batch_tile_size or nt.config.rows_per_tile(
-                           args.batch, args.seq, device == "cuda", nt.info().get("places", 1)))
+                           args.batch, args.seq, device == "cuda", nt.runtime.num_places()))
     opt = nt.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     references = []  # (log key, model, loss function, optimizer): unconverted models trained on the same batches
     for key, ref_model, loss_fn in (("torch_loss", torch_model, hf_loss), ("fp64_loss", fp64_model, float64_loss)):

@@ -60,3 +60,18 @@ def test_places_match_one_place_to_float32_rounding():
         assert (g3[k] - g1[k]).abs().max().item() <= 1e-5 * scale + 1e-7, k
     assert any(not torch.equal(g1[k], g3[k]) for k in g1)  # the per-place partial sums did run
     assert l1[-1] < l1[0]
+
+
+def test_default_rows_per_tile_and_number_of_places():
+    from nntile_torch.config import rows_per_tile
+    assert rows_per_tile(8, 1024, cuda=True, places=1) == 8192  # the whole batch in one tile on one GPU
+    assert rows_per_tile(8, 1024, cuda=True, places=3) == 3072  # whole sequences, the batch split once per place
+    assert rows_per_tile(16, 37, cuda=True, places=2) == 8 * 37
+    assert rows_per_tile(8, 1024, cuda=False, places=3) == 1024  # one sequence per tile on CPUs
+    nt.shutdown()
+    nt.init(ncpus=2, ncuda=0, places=3)
+    assert nt.runtime.num_places() == 3 and len(nt.info()["places"]) == 3
+    nt.shutdown()
+    nt.init(ncpus=2, ncuda=0)
+    assert nt.runtime.num_places() == 1
+    nt.shutdown()

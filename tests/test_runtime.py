@@ -26,6 +26,22 @@ def test_default_workers_with_a_gpu_are_the_gpus_and_one_cpu():
         nt.shutdown()
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not (torch.cuda.is_available() and nt._C.built_with_cuda and torch.cuda.device_count() >= 2),
+                    reason="requires two GPUs and a CUDA build")
+def test_tiles_on_another_gpu_keep_torchs_current_device():
+    """StarPU allocates a tile on GPU 1 from the calling thread after switching it to GPU 1; torch's current
+    device must not move (it did, and the next "cuda" tensors and copies went wrong)."""
+    nt.init()
+    torch.cuda.set_device(0)
+    for d in (1, 0, 1):
+        x = torch.randn(37, 11, device=f"cuda:{d}")
+        t = nt.TileTensor.from_dense(x, (8, 5))
+        assert torch.cuda.current_device() == 0
+        assert torch.equal(t.materialize().cpu(), x.cpu())
+        assert torch.cuda.current_device() == 0
+
+
 def test_parse_bytes():
     assert parse_bytes("8GiB", "x") == 8 * 2**30
     assert parse_bytes("1.5 GB", "x") == 1_500_000_000

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <unordered_set>
 
+#include "../cuda_device.h"
 #include "../runtime.h"
 #ifdef NNTILE_USE_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -54,6 +55,7 @@ int cuda_node_of(int dev) {
 // in `mode`. GPU copies run on torch's current stream, synchronized before the tile is released.
 template <class F>
 void with_tile(starpu_data_handle_t h, int node, starpu_data_access_mode mode, F &&f) {
+    KeepCudaDevice keep;  // acquiring may allocate the tile on a GPU from this thread
     NNTILE_STARPU_CHECK(starpu_data_acquire_on_node(h, node, mode), "acquiring a tile on node " << node);
     try {
         f(starpu_data_handle_to_pointer(h, node));
@@ -222,6 +224,7 @@ void TileTensor::invalidate() {
 void TileTensor::release_handles(bool keep_data) {
     if (handles_.empty()) return;
     if (keep_data) saved_ = to_dense();  // on the host: the GPU's memory goes with StarPU
+    KeepCudaDevice keep;  // unregistering frees GPU buffers from this thread
     for (auto h : handles_) starpu_data_unregister(h);
     handles_.clear();
 }
