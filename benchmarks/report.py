@@ -31,7 +31,9 @@ def latest(records, mode):
 
 
 def label(r):
-    return f"{r['backend']}" + ("" if r["variant"] == "plain" else f":{r['variant']}") + f" {r['precision']}"
+    gpus = r.get("gpus") or 0
+    return (f"{r['backend']}" + ("" if r["variant"] == "plain" else f":{r['variant']}") + f" {r['precision']}"
+            + (f", {gpus} GPUs" if gpus > 1 else ""))
 
 
 def _f(r, k, fmt):
@@ -92,7 +94,9 @@ def environment(records):
         key = (r["machine"], env.get("gpu"), env.get("torch"), env.get("cuda"))
         if env and key not in seen:
             seen.add(key)
-            where = f"{env['gpu']} x {r['gpus']}" if env.get("gpu") else "CPU only"
+            counts = sorted({x.get("gpus") or 0 for x in records if (x.get("env") or {}).get("gpu") == env.get("gpu")})
+            where = (f"{env['gpu']}, " + " or ".join(map(str, counts)) + " per attempt (GPUs column)"
+                     if env.get("gpu") else "CPU only")
             lines.append(f"- {r['machine']}: {where}, torch {env.get('torch')}, "
                          f"CUDA {env.get('cuda')}, transformers {env.get('transformers')}, Python {env.get('python')}, "
                          f"{env.get('cpus')} CPU cores")
@@ -125,6 +129,28 @@ def plot_throughput(rows, path):
     series = {}
     for r in ok:
         series.setdefault(label(r), []).append(r)
+    if len({r["params"] for r in ok}) == 1:  # one model size: bars per backend (a line through one x is a dot)
+        names = sorted(series, key=lambda n: -series[n][0]["tokens_per_s"])
+        for ax, key, what in zip(axes, ("tokens_per_s", "tflops"),
+                                 ("tokens/s", "model TFLOP/s (6N + 12 L h seq per token)")):
+            vals = [series[n][0][key] for n in names]
+            ax.barh(range(len(names)), vals, color=[f"C{i}" for i in range(len(names))])
+            ax.set_yticks(range(len(names)))
+            ax.set_yticklabels(names, fontsize=8)
+            ax.invert_yaxis()
+            for i, v in enumerate(vals):
+                ax.text(v, i, f" {v:,.0f}", va="center", fontsize=8)
+            ax.set_xlabel(what)
+            ax.grid(alpha=0.3, axis="x")
+        b = ok[0]
+        fig.suptitle(f"GPT-2 {b['config']} ({b['params'] / 1e9:.2f}B) training throughput, {b['seq']} tokens per "
+                     f"sequence, {b['machine']} (batch: 8 sequences per GPU in these runs)"
+                     if all(r["batch"] == 8 * max(1, r.get("gpus") or 1) for r in ok) else
+                     f"GPT-2 {b['config']} training throughput, {b['machine']}")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return True
     for name, rs in sorted(series.items()):
         rs.sort(key=lambda r: r["params"])
         x = [r["params"] / 1e9 for r in rs]
