@@ -327,9 +327,14 @@ def setup_deepspeed(spec, cuda, rank, world):
     note = None
     if ds_opt == "cpuadam":
         try:
+            # On a machine where it was never built, DeepSpeed compiles the op now (minutes; the H200 attempt with
+            # a 65 s limit ran out here): say so, so that a timeout in the log is readable.
+            print("DeepSpeedCPUAdam: loading (compiled on first use; --ds-optimizer torch skips it)", flush=True)
+            t = time.perf_counter()
             from deepspeed.ops.adam import DeepSpeedCPUAdam
             opt = DeepSpeedCPUAdam(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"],
                                    adamw_mode=True)
+            print(f"DeepSpeedCPUAdam: ready in {time.perf_counter() - t:.0f} s", flush=True)
         except Exception as e:  # noqa: BLE001  (the op is compiled on first use; fall back when that fails)
             note = f"DeepSpeedCPUAdam unavailable ({type(e).__name__}: {str(e).splitlines()[0][:200]})"
             ds_opt = "torch"
