@@ -16,6 +16,8 @@ from . import _C
 from .runtime import ensure_init
 
 aten = torch.ops.aten
+_cross_entropy = torch.nn.functional.cross_entropy
+_disabled_torch_function = torch._C._disabled_torch_function_impl
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
 _TILE_DTYPES = {v: k for k, v in _DTYPES.items()}
 
@@ -45,13 +47,13 @@ class TileTensor(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         # F.cross_entropy on tiled logits becomes tile tasks (it would otherwise materialize the logits); every
         # other function goes straight to __torch_dispatch__.
-        if func is torch.nn.functional.cross_entropy:
+        # Everything else (every .shape, .dtype, ... too: ~12k calls per GPT-2 step) takes torch's own C path.
+        if func is _cross_entropy:
             from .functional import tiled_cross_entropy
             out = tiled_cross_entropy(*args, **(kwargs or {}))
             if out is not NotImplemented:
                 return out
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
+        return _disabled_torch_function(func, types, args, kwargs or {})
 
     # --- construction -------------------------------------------------------------------------------------
     @classmethod

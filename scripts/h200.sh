@@ -45,13 +45,18 @@ for step in "$@"; do
       done
       python3 -m benchmarks.report /tmp/bench_mg 2>&1 | tail -12
       tar czf "$OUT/bench_multigpu.tgz" -C /tmp/bench_mg . ; rc=0 ;;
-    profile)  # where a converted step's time goes; PROFILE_ARGS: benchmarks.profile_step arguments, runs joined by ';'
+    profile)  # where a converted step's time goes; PROFILE_ARGS: benchmarks.profile_step arguments, runs joined by ';',
+              # each optionally led by VAR=value settings for that run (A/B in one call: "--config xl;NNTILE_FLASH_ATTENTION=0 --config xl")
       IFS=';' read -ra runs <<< "${PROFILE_ARGS:---config xl}"; i=0
       for r in "${runs[@]}"; do
         i=$((i + 1)); echo "== profile $i: $r" | tee -a "$OUT/profile.log"
-        # shellcheck disable=SC2086  # a run is a list of arguments
-        STARPU_WORKER_STATS=1 STARPU_BUS_STATS=1 timeout ${PROFILE_TIMEOUT:-200} python3 -m benchmarks.profile_step $r \
-          --out "$OUT/profile_$i.json" >>"$OUT/profile.log" 2>&1; echo "rc=$?" >>"$OUT/profile.log"
+        read -ra words <<< "$r"; envs=()
+        while [ ${#words[@]} -gt 0 ] && [[ ${words[0]} == *=* && ${words[0]} != --* ]]; do
+          envs+=("${words[0]}"); words=("${words[@]:1}")
+        done
+        env STARPU_WORKER_STATS=1 STARPU_BUS_STATS=1 "${envs[@]}" timeout "${PROFILE_TIMEOUT:-200}" \
+          python3 -m benchmarks.profile_step "${words[@]}" --out "$OUT/profile_$i.json" >>"$OUT/profile.log" 2>&1
+        echo "rc=$?" >>"$OUT/profile.log"
         grep -E "^step|^profiled|^\{" "$OUT/profile.log" | tail -8
       done; rc=0 ;;
     gemm) python3 -m benchmarks.gemm --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | tail -30; rc=${PIPESTATUS[0]} ;;

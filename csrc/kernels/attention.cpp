@@ -4,6 +4,10 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <tuple>
 
 namespace nntile::kernels {
@@ -36,9 +40,47 @@ at::Tensor unpad(const at::Tensor &x, int64_t hd) { return x.transpose(1, 2).nar
 // Output (nseq, nheads, seq, hd) and what the backward needs.
 struct Forward {
     at::Tensor out, logsumexp, philox_seed, philox_offset;
+    bool flash = false;  // computed by the flash kernel (its backward then), else the memory-efficient one
+    at::Tensor cum_seq_q, cum_seq_k;
+    int64_t max_q = 0, max_k = 0;
 };
 
+// bf16 on GPUs: FlashAttention (ATen's), about twice the memory-efficient kernel's speed. NNTILE_FLASH_ATTENTION=0
+// turns it off (for before/after measurements); if ATen refuses it once (an old GPU, a build without it), the
+// memory-efficient kernel is used from then on, with one line on stderr.
+std::atomic<bool> flash_ok{true};
+
+bool use_flash(const Where &w, const at::Tensor &q) {
+    if (!w.cuda || q.scalar_type() != at::kBFloat16 || !flash_ok.load()) return false;
+    static const bool enabled = [] {
+        const char *e = std::getenv("NNTILE_FLASH_ATTENTION");
+        return !(e && std::strcmp(e, "0") == 0);
+    }();
+    return enabled;
+}
+
+void flash_failed(const char *what, const c10::Error &e) {
+    if (flash_ok.exchange(false))
+        std::fprintf(stderr, "nntile_torch: flash attention %s failed, using the memory-efficient kernel: %s\n", what,
+                     e.what_without_backtrace());
+}
+
 Forward attend(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, float scale) {
+    if (use_flash(w, q)) {
+        try {
+            auto [out, lse, cq, ck, mq, mk, rng, unused, dbg] = at::_scaled_dot_product_flash_attention(
+                q, k, v, /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, (double)scale);
+            Forward f{out, lse, rng, unused};
+            f.flash = true;
+            f.cum_seq_q = cq;
+            f.cum_seq_k = ck;
+            f.max_q = mq.expect_int();
+            f.max_k = mk.expect_int();
+            return f;
+        } catch (const c10::Error &e) {
+            flash_failed("forward", e);
+        }
+    }
     if (w.cuda) {
         auto [out, lse, seed, offset] = at::_scaled_dot_product_efficient_attention(
             q, k, v, /*attn_bias=*/std::nullopt, /*compute_log_sumexp=*/true, /*dropout_p=*/0.0,
@@ -71,7 +113,19 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
     if (bf16) g = g.to(at::kBFloat16);
     g = (hp == hd ? g : at::constant_pad_nd(g, {0, hp - hd})).transpose(1, 2);
     at::Tensor gq, gk, gv;
-    if (w.cuda) {
+    if (f.flash) {
+        try {
+            std::tie(gq, gk, gv) = at::_scaled_dot_product_flash_attention_backward(
+                g, q, k, v, f.out, f.logsumexp, f.cum_seq_q, f.cum_seq_k, f.max_q, f.max_k, 0.0, /*is_causal=*/true,
+                f.philox_seed, f.philox_offset, (double)scale);
+        } catch (const c10::Error &e) {
+            flash_failed("backward", e);
+            f = attend(w, q, k, v, scale);  // memory-efficient from now on
+        }
+    }
+    if (gq.defined()) {
+        // done by the flash kernel
+    } else if (w.cuda) {
         std::tie(gq, gk, gv, std::ignore) = at::_scaled_dot_product_efficient_attention_backward(
             g, q, k, v, at::Tensor(), f.out, f.logsumexp, f.philox_seed, f.philox_offset, 0.0,
             {true, true, true, false}, /*is_causal=*/true, (double)scale);
