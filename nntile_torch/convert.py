@@ -15,6 +15,7 @@ from torch import nn
 from . import config
 from .nn import GELU, Conv1D, Dropout, Embedding, LayerNorm, Linear
 from .nn.embedding import check_indices
+from .nn._init import no_init
 from .nn.gpt2 import is_gpt2_attention, patch_gpt2_attention
 from .runtime import ensure_init
 from .tensor import TileTensor
@@ -93,7 +94,10 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None):
                 _check_dense_float32(full, child)
                 plan.append((m, cname, child))
     for parent, cname, old in plan:
-        new = _swap(old, kw)
+        with no_init():  # every parameter is written from `old` below
+            new = _swap(old, kw)
+        if {n for n, _ in new.named_parameters(recurse=False)} - {n for n, _ in old.named_parameters(recurse=False)}:
+            new.reset_parameters()  # a parameter the original lacks: give it its usual initial values
         new.train(old.training)
         for pname, p in old.named_parameters(recurse=False):
             if id(p) in swapped:  # tied to a parameter converted already

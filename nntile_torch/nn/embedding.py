@@ -6,6 +6,7 @@ from .. import config
 from ..functional import EmbeddingFunction
 from ..runtime import ensure_init
 from ..tensor import TileTensor
+from . import _init
 
 
 def check_indices(idx, num_embeddings, what):
@@ -49,6 +50,8 @@ class Embedding(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self):
+        if _init.skipping():  # convert() writes the values
+            return
         with torch.no_grad():
             self.weight.copy_(torch.randn(self.num_embeddings, self.embedding_dim))
 

@@ -9,6 +9,7 @@ from .. import config
 from ..functional import LinearFunction
 from ..runtime import ensure_init
 from ..tensor import TileTensor
+from . import _init
 
 
 class Linear(nn.Module):
@@ -46,6 +47,8 @@ class Linear(nn.Module):
 
     def reset_parameters(self):
         # Same draws, in the same order, as torch.nn.Linear: equal seeds give equal weights.
+        if _init.skipping():  # convert() writes the values
+            return
         w = torch.empty(self.out_features, self.in_features)
         nn.init.kaiming_uniform_(w, a=math.sqrt(5))
         with torch.no_grad():
@@ -107,6 +110,8 @@ class Conv1D(Linear):
 
     def reset_parameters(self):
         # As transformers' Conv1D: weight ~ N(0, 0.02), bias 0.
+        if _init.skipping():  # convert() writes the values
+            return
         w = torch.empty(self.nx, self.nf)
         nn.init.normal_(w, std=0.02)
         with torch.no_grad():
