@@ -162,12 +162,12 @@ def synchronize():
         _C.wait_all()
 
 
-@atexit.register
 def num_places():
     """How many devices row tiles are spread over (1 when tasks are not pinned)."""
     return max(1, len(_C.places())) if _C.running() else 1
 
 
+@atexit.register
 def _exit():
     if _C.running():
         _C.shutdown(False)

@@ -1,4 +1,6 @@
 """Runtime: info(), stats(), argument checks, restart with data kept."""
+import os
+
 import pytest
 import torch
 
@@ -117,3 +119,22 @@ def test_stats_count_tasks_and_waits():
     assert nt.stats()["blocking_waits"] == s1["blocking_waits"] + 1
     u.materialize()  # cached: no new wait
     assert nt.stats()["blocking_waits"] == s1["blocking_waits"] + 1
+
+
+def test_disk_node_is_emptied_when_the_process_exits_without_shutdown(tmp_path):
+    """Tiles spilled to the disk node are files; a script that ends without nt.shutdown() must not leave them
+    behind (the runtime stops StarPU at exit, which deletes them)."""
+    import subprocess
+    import sys
+    code = (
+        "import torch, nntile_torch as nt\n"
+        f"nt.init(ncpus=1, ncuda=0, host_memory_limit='16MiB', disk_path={str(tmp_path)!r}, disk_limit='256MiB')\n"
+        "keep = [nt.TileTensor.from_dense(torch.full((1024, 1024), float(i)), (512, 1024)) for i in range(12)]\n"
+        "assert all(float(t.materialize()[1023, 5]) == i for i, t in enumerate(keep))\n"
+        "import os\n"
+        "print('files while running:', sum(len(f) for _, _, f in os.walk(" + repr(str(tmp_path)) + ")))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert int(out.stdout.split("files while running:")[1]) > 0  # 48 MiB of tiles did not fit in 16 MiB
+    left = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs]
+    assert left == [], left[:5]
