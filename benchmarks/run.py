@@ -49,7 +49,7 @@ from benchmarks.configs import (
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {
     "torch": ({"ckpt"}, ""),
-    "nntile": ({"ckpt"}, ""),
+    "nntile": ({"ckpt", "stepbwd"}, ""),  # stepbwd: AdamW(step_in_backward=True), gradients never all held
     "fsdp": ({"offload", "ckpt"}, ""),
     "fsdp2": ({"offload", "ckpt"}, ""),
     "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),

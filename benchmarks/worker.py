@@ -172,7 +172,8 @@ def setup_nntile(spec, cuda, rank, world):
     if cuda:
         torch.cuda.empty_cache()  # the dense weights are gone; give their memory back to the device
     counted = sum(p.numel() for p in model.parameters())
-    opt = nt.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
+    opt = nt.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"],
+                         step_in_backward="stepbwd" in spec["flags"])
 
     def step(ids):
         opt.zero_grad()

@@ -7,6 +7,7 @@ the tiles change. In-place torch ops on a TileTensor are applied to that copy an
 The tiles have the tensor's shape, except that a matrix op's operand (batch, ..., features) is tiled as its
 2-d matrix (batch * ..., features); `shape` is the logical shape and `tiles.shape` the tiled one.
 """
+import copy
 import math
 
 import torch
@@ -91,6 +92,26 @@ class TileTensor(torch.Tensor):
     def _write(self, dense):
         ensure_init()
         self._tiles.from_dense(dense.reshape(tuple(self._tiles.shape)))
+
+    def __deepcopy__(self, memo):
+        """New tiles with the same values (a copy task per tile, no wait); requires_grad, the parameter flag and
+        the gradient are copied too, as torch does (copy.deepcopy of a converted model works)."""
+        if id(self) in memo:
+            return memo[id(self)]
+        ensure_init()
+        t = self._tiles
+        if t.dtype == "float32":
+            tiles = _copy_tiles(self)
+        else:
+            tiles = _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, t.name)
+            tiles.from_dense(self.materialize().reshape(tuple(t.shape)))
+        new = TileTensor(tiles, self.shape, self.device, requires_grad=self.requires_grad)
+        if getattr(self, "_is_param", False):
+            new._is_param = True
+        memo[id(self)] = new
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        return new
 
     def __repr__(self, *, tensor_contents=None):
         t = self._tiles

@@ -46,6 +46,9 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=400, help="total steps (default 400)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--step-in-backward", action="store_true",
+                    help="update each parameter as soon as its gradient is complete and drop the gradient "
+                         "(AdamW(step_in_backward=True): less memory, same updates)")
     ap.add_argument("--warmup", type=int, default=20, help="linear learning-rate warm-up steps")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--tile-size", type=int,
@@ -201,7 +204,8 @@ def main(argv=None):
     model = nt.convert(ref, precision=args.precision, tile_size=args.tile_size or max(1024, 3 * width),
                        batch_tile_size=args.batch_tile_size or nt.config.rows_per_tile(
                            args.batch, args.seq, device == "cuda", nt.runtime.num_places()))
-    opt = nt.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    opt = nt.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                         step_in_backward=args.step_in_backward)
     references = []  # (log key, model, loss function, optimizer): unconverted models trained on the same batches
     for key, ref_model, loss_fn in (("torch_loss", torch_model, hf_loss), ("fp64_loss", fp64_model, float64_loss)):
         if ref_model is not None:

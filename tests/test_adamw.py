@@ -147,3 +147,30 @@ def test_plain_parameters_match_torch():
             (p ** 2).sum().backward()
             o.step()
     assert torch.allclose(w, w2, atol=1e-6)
+
+
+def test_step_in_backward_gives_the_same_updates_and_drops_gradients(device):
+    """step_in_backward=True: every parameter updated by its hook during backward, bit for bit as step() does,
+    gradients gone after backward; param groups, lr changes and a state_dict round trip included."""
+    ours, _ = models(device)
+    twin = copy.deepcopy(ours)
+    opt = nt.optim.AdamW(groups(ours, 1e-2), lr=1e-2)
+    opt_b = nt.optim.AdamW(groups(twin, 1e-2), lr=1e-2, step_in_backward=True)
+    data = batches(6, device)
+    for i, (x, y) in enumerate(data):
+        if i == 3:  # a schedule changing lr, and a reload of the state: the hooks must follow both
+            for o in (opt, opt_b):
+                o.param_groups[0]["lr"] = 3e-3
+            opt_b.load_state_dict(copy.deepcopy(opt_b.state_dict()))
+        opt.zero_grad()
+        la = torch.nn.functional.mse_loss(ours(x), y)
+        la.backward()
+        opt.step()
+        lb = torch.nn.functional.mse_loss(twin(x), y)
+        lb.backward()
+        assert all(p.grad is None for p in twin.parameters())
+        opt_b.step()  # nothing left to do
+        assert la.item() == lb.item()
+    for (name, a), b in zip(ours.named_parameters(), twin.parameters()):
+        assert torch.equal(a.materialize(), b.materialize()), name
+    assert int(opt_b.state[twin[0].weight]["step"]) == 6

@@ -81,3 +81,24 @@ def test_convert_to_bf16_rounds_like_torch(device):
     nt._C.convert(b, back)
     widened = nt.TileTensor(back, device=device).materialize()
     assert torch.allclose(widened, x.bfloat16().float(), rtol=0, atol=0, equal_nan=True)
+
+
+def test_deepcopy_of_a_converted_model_is_independent():
+    """copy.deepcopy of a model with tile parameters (and gradients): same values, own tiles."""
+    import copy
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(nt.nn.Linear(13, 7, tile_size=5, batch_tile_size=4), nt.nn.LayerNorm(7))
+    x = torch.randn(6, 13)
+    m(x).sum().backward()
+    c = copy.deepcopy(m)
+    assert isinstance(c[0].weight, nt.TileTensor) and c[0].weight.requires_grad and c[0].weight is not m[0].weight
+    assert set(dict(c.named_parameters())) == set(dict(m.named_parameters()))
+    for (name, a), (_, b) in zip(m.named_parameters(), c.named_parameters()):
+        assert torch.equal(a.materialize(), b.materialize()), name
+        assert torch.equal(a.grad.materialize(), b.grad.materialize()), name
+    y = m(x).materialize().clone()
+    assert torch.equal(c(x).materialize(), y)
+    with torch.no_grad():
+        m[0].weight.add_(1.0)
+    assert torch.equal(c[0].weight.materialize() + 1.0, m[0].weight.materialize())
+    assert torch.equal(c(x).materialize(), y)  # the copy did not move with the original

@@ -48,6 +48,12 @@ def test_deviations_per_window():
     assert train.deviations([{"step": 0, "loss": 1.0}]) == {}
 
 
+def test_step_in_backward_trains_the_same_losses(tmp_path):
+    plain = train.main(COMMON + ["--out", str(tmp_path / "a")])
+    fused = train.main(COMMON + ["--step-in-backward", "--out", str(tmp_path / "b")])
+    assert [r["loss"] for r in fused] == [r["loss"] for r in plain]
+
+
 def test_resume_continues_the_same_trajectory(tmp_path):
     full = train.main(COMMON + ["--compare-fp64", "--out", str(tmp_path / "full")])
     ck = str(tmp_path / "ck" / "ckpt.pt")

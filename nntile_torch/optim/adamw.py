@@ -21,10 +21,17 @@ class AdamW(torch.optim.Optimizer):
     exp_avg, exp_avg_sq are tiles, and each step submits one AdamW task per tile, which StarPU runs on a CPU
     core or a GPU, wherever the tiles are; nothing waits. Plain tensors get the same update with torch ops.
     state_dict() holds ordinary tensors under torch.optim.AdamW's keys, so either optimizer loads it.
+
+    step_in_backward=True: each parameter is updated as soon as backward has finished its gradient (a
+    post-accumulate-grad hook submits its AdamW tasks) and its gradient is dropped right away, so gradients of
+    the whole model are never held at once (the memory of one copy of the weights, for models beyond GPU
+    memory). step() and zero_grad() then have nothing left to do for those parameters; anything that needs
+    every gradient before the update (clipping by global norm, gradient accumulation over micro-batches) does
+    not fit this mode. The updates are the same as step()'s, bit for bit.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, amsgrad=False,
-                 maximize=False):
+                 maximize=False, step_in_backward=False):
         if not isinstance(lr, (int, float)) or lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr!r} (must be a float >= 0)")
         if not isinstance(eps, (int, float)) or eps < 0.0:
@@ -39,7 +46,24 @@ class AdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=False,
                         maximize=maximize, foreach=None, capturable=False, differentiable=False, fused=None,
                         decoupled_weight_decay=True)
+        self.step_in_backward = bool(step_in_backward)
+        self._hooks = []
         super().__init__(params, defaults)
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        if self.step_in_backward:
+            index = len(self.param_groups) - 1
+            for p in self.param_groups[index]["params"]:
+                if p.requires_grad:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(index)))
+
+    def _hook(self, index):
+        def update_now(p):
+            with torch.no_grad():  # the group looked up now: load_state_dict replaces the group dicts
+                self._update(self.param_groups[index], p)
+            p.grad = None  # its tiles go once the AdamW tasks reading them have run
+        return update_now
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -48,23 +72,25 @@ class AdamW(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("AdamW does not support sparse gradients")
-                state = self.state[p]
-                fresh = len(state) == 0
-                if fresh:
-                    state["step"] = torch.tensor(0.0)
-                state["step"] = state["step"] + 1  # not in place: a loaded state_dict may share the tensor
-                step = int(state["step"].item())
-                if isinstance(p, TileTensor) and p.dtype == torch.float32:
-                    self._tile_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step)
-                else:
-                    self._dense_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step)
+                if p.grad is not None:  # with step_in_backward, only parameters the hooks did not see
+                    self._update(group, p)
         return loss
+
+    def _update(self, group, p):
+        lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+        if p.grad.is_sparse:
+            raise RuntimeError("AdamW does not support sparse gradients")
+        state = self.state[p]
+        fresh = len(state) == 0
+        if fresh:
+            state["step"] = torch.tensor(0.0)
+        state["step"] = state["step"] + 1  # not in place: a loaded state_dict may share the tensor
+        step = int(state["step"].item())
+        if isinstance(p, TileTensor) and p.dtype == torch.float32:
+            self._tile_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step)
+        else:
+            self._dense_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step)
 
     @staticmethod
     def _tile_step(p, state, fresh, maximize, lr, beta1, beta2, eps, wd, step):
