@@ -138,3 +138,22 @@ def test_disk_node_is_emptied_when_the_process_exits_without_shutdown(tmp_path):
     assert int(out.stdout.split("files while running:")[1]) > 0  # 48 MiB of tiles did not fit in 16 MiB
     left = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path) for f in fs]
     assert left == [], left[:5]
+
+
+def test_tiles_beyond_every_memory_node_raise_instead_of_hanging():
+    """With a host limit and no lower tier, StarPU would wait forever for memory: creating tiles that cannot
+    fit raises; freeing tensors makes room again."""
+    nt.shutdown()
+    try:
+        nt.init(ncpus=1, ncuda=0, host_memory_limit="16MiB")
+        keep = [nt.TileTensor.from_dense(torch.full((512, 1024), float(i)), (256, 1024)) for i in range(3)]  # 6 MiB
+        with pytest.raises(RuntimeError, match=r"out of memory: live tiles would take 18 MiB .* 16 MiB \(host limit"):
+            keep += [nt.TileTensor.from_dense(torch.zeros(1024, 1024), (512, 1024)) for _ in range(3)]
+        assert [float(t.materialize()[511, 7]) for t in keep[:3]] == [0.0, 1.0, 2.0]
+        del keep[1:]
+        import gc
+        gc.collect()
+        more = nt.TileTensor.from_dense(torch.ones(1024, 1024), (512, 1024))  # 4 MiB more fits now
+        assert float(more.materialize().sum()) == 1024 * 1024
+    finally:
+        nt.shutdown()

@@ -1,6 +1,7 @@
 // Tiled tensor: handle registration, dense conversion and the registry used at runtime shutdown.
 #include "tile_tensor.h"
 
+#include <atomic>
 #include <mutex>
 #include <unordered_set>
 
@@ -17,6 +18,25 @@ namespace {
 std::unordered_set<TileTensor *> &live() {
     static std::unordered_set<TileTensor *> s;
     return s;
+}
+
+// Bytes of all tiles with registered handles: one copy of each must fit somewhere.
+std::atomic<int64_t> &live_bytes() {
+    static std::atomic<int64_t> b{0};
+    return b;
+}
+
+// What the memory nodes can hold together (host limit + disk node + each GPU's share), or -1 when host RAM has
+// no limit (then the operating system decides).
+int64_t capacity_bytes() {
+    const RuntimeConfig &c = runtime_config();
+    if (c.host_memory_limit <= 0) return -1;
+    int64_t cap = c.host_memory_limit;
+    if (disk_node() >= 0 && c.disk_limit > 0) cap += c.disk_limit;
+#ifdef NNTILE_USE_CUDA
+    if (c.cuda_memory_limit > 0) cap += c.cuda_memory_limit * (int64_t)starpu_cuda_worker_get_count();
+#endif
+    return cap;
 }
 
 void install_shutdown_hook() {
@@ -98,8 +118,10 @@ TileTensor::TileTensor(std::vector<int64_t> shape, std::vector<int64_t> tile_sha
 
 TileTensor::~TileTensor() {
     live().erase(this);
-    if (runtime_running())
+    if (runtime_running() && !handles_.empty()) {
         for (auto h : handles_) starpu_data_unregister_submit(h);
+        live_bytes().fetch_sub(numel() * (int64_t)dtype_size(dtype_));
+    }
 }
 
 int64_t TileTensor::ntiles() const {
@@ -137,6 +159,25 @@ std::vector<int64_t> TileTensor::tile_extents(int64_t linear) const {
 void TileTensor::ensure_handles() {
     if (!handles_.empty()) return;
     NNTILE_CHECK(runtime_running(), "the nntile_torch runtime is not running (call nntile_torch.init() first)");
+    // StarPU would wait forever for memory that no node can give (a hang, not an error): refuse up front when
+    // one copy of every live tile cannot fit in all the memory nodes together. (Necessary, not sufficient:
+    // near the limit StarPU may still stall.)
+    const int64_t bytes = numel() * (int64_t)dtype_size(dtype_), cap = capacity_bytes();
+    const int64_t total = live_bytes().fetch_add(bytes) + bytes;
+    if (cap > 0 && total > cap) {
+        live_bytes().fetch_sub(bytes);
+        const RuntimeConfig &c = runtime_config();
+        std::string nodes = "host limit " + std::to_string(c.host_memory_limit >> 20) + " MiB";
+        nodes += disk_node() >= 0 ? ", disk node " + std::to_string(c.disk_limit >> 20) + " MiB" : ", no disk node";
+        if (cap > c.host_memory_limit + (disk_node() >= 0 ? c.disk_limit : 0))
+            nodes += ", GPUs " + std::to_string((cap - c.host_memory_limit - (disk_node() >= 0 ? c.disk_limit : 0)) >> 20) +
+                     " MiB";
+        NNTILE_CHECK(false, "out of memory: live tiles would take " << (total >> 20) << " MiB (this tensor"
+                                << (name_.empty() ? "" : " '" + name_ + "'") << ": " << (bytes >> 20)
+                                << " MiB), more than all memory nodes hold: " << (cap >> 20) << " MiB (" << nodes
+                                << "). Raise host_memory_limit, add a disk node (disk_path, disk_limit) or free "
+                                   "tensors");
+    }
     handles_.resize(ntiles());
     for (int64_t t = 0; t < ntiles(); ++t) {
         int64_t n = 1;
@@ -227,6 +268,7 @@ void TileTensor::release_handles(bool keep_data) {
     KeepCudaDevice keep;  // unregistering frees GPU buffers from this thread
     for (auto h : handles_) starpu_data_unregister(h);
     handles_.clear();
+    live_bytes().fetch_sub(numel() * (int64_t)dtype_size(dtype_));
 }
 
 }  // namespace nntile
