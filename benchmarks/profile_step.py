@@ -50,8 +50,8 @@ def main():
     out["build_s"] = time.perf_counter() - t
     t = time.perf_counter()
     tile = args.tile_size or max(1024, 3 * cfg.n_embd)
-    model = nt.convert(model, precision=args.precision, tile_size=tile, batch_tile_size=args.batch_tile_size or nt.config.rows_per_tile(
-        args.batch, args.seq, cuda, nt.runtime.num_places()))
+    rows = args.batch_tile_size or nt.config.rows_per_tile(args.batch, args.seq, cuda, nt.runtime.num_places())
+    model = nt.convert(model, precision=args.precision, tile_size=tile, batch_tile_size=rows)
     nt.synchronize()
     out["convert_s"] = time.perf_counter() - t
     if cuda:

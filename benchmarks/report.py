@@ -143,10 +143,9 @@ def plot_throughput(rows, path):
             ax.set_xlabel(what)
             ax.grid(alpha=0.3, axis="x")
         b = ok[0]
-        fig.suptitle(f"GPT-2 {b['config']} ({b['params'] / 1e9:.2f}B) training throughput, {b['seq']} tokens per "
-                     f"sequence, {b['machine']} (batch: 8 sequences per GPU in these runs)"
-                     if all(r["batch"] == 8 * max(1, r.get("gpus") or 1) for r in ok) else
-                     f"GPT-2 {b['config']} training throughput, {b['machine']}")
+        per_gpu = {r["batch"] // max(1, r.get("gpus") or 1) for r in ok}
+        fig.suptitle(f"GPT-2 {b['config']} ({b['params'] / 1e9:.2f}B) training throughput, {b['machine']}, "
+                     + (f"{per_gpu.pop()} x {b['seq']} tokens per GPU" if len(per_gpu) == 1 else "batches differ"))
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)

@@ -361,7 +361,9 @@ def parse_args(argv=None):
                     help="where the dense model is built before sharding/conversion (auto: GPU if it fits)")
     g = ap.add_argument_group("nntile")
     g.add_argument("--tile-size", type=int, help="weight tile edge in elements (default max(1024, 3 x width))")
-    g.add_argument("--batch-tile-size", type=int, help="rows per activation tile (default: whole sequences; one per tile on CPUs, on GPUs the batch split once per GPU)")
+    g.add_argument("--batch-tile-size", type=int,
+                   help="rows per activation tile (default: whole sequences; one per tile on CPUs, on GPUs the "
+                        "batch split once per GPU)")
     g.add_argument("--ncpus", type=int, help="StarPU CPU workers (default StarPU's)")
     g.add_argument("--ncuda", type=int, help="StarPU CUDA workers (default: every GPU)")
     g.add_argument("--cuda-memory-limit", help="StarPU's share of each GPU, e.g. 120GiB")

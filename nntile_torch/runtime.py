@@ -84,8 +84,8 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     Defaults: every GPU; CPU workers on all cores without GPUs, one with GPUs (unless cpu_tasks=True): tile
     ops then run on the GPUs, and idle CPU workers only slowed the thread submitting the tasks (GPT-2 XL on an
     H200: submitting a step took 1.0-1.3 s with 15 CPU workers, 0.42-0.46 s with one). GPU memory for StarPU is
-    the device's total minus a share kept for torch's caching allocator (10%, at least 4 GiB); no host limit; no disk node; scheduler
-    "dmdas" with GPUs (data-aware, priorities), "lws" on CPUs alone. cpu_tasks: whether tile ops that have a
+    the device's total minus a share kept for torch's caching allocator (10%, at least 4 GiB); no host limit;
+    no disk node; scheduler "dmdas" with GPUs (data-aware, priorities), "lws" on CPUs alone. cpu_tasks: whether tile ops that have a
     GPU kernel may also run on CPU workers; None (default) means only when no GPU worker runs. Allowing it with
     GPUs makes StarPU calibrate each new tile shape on a CPU core first (tens of seconds per GEMM shape at
     GPT-2 XL size) and then rarely pays off. places: how many devices the row tiles of activations are spread

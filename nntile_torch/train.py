@@ -54,7 +54,9 @@ def parse_args(argv=None):
     ap.add_argument("--tile-size", type=int,
                     help="tile edge for weights (default: max(1024, 3 * width), so that attention tiles hold whole "
                          "rows and run as tile tasks)")
-    ap.add_argument("--batch-tile-size", type=int, help="rows per activation tile (default: whole sequences; one per tile on CPUs, on GPUs the batch split once per GPU)")
+    ap.add_argument("--batch-tile-size", type=int,
+                   help="rows per activation tile (default: whole sequences; one per tile on CPUs, on GPUs the "
+                        "batch split once per GPU)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--cuda-memory-limit", help="StarPU's share of GPU memory, e.g. 100GiB")
     ap.add_argument("--host-memory-limit", help="StarPU's share of host RAM, e.g. 64GiB")

@@ -89,6 +89,14 @@ def test_bad_input():
     assert torch.allclose(ln(torch.ones(2, 8)).materialize(), torch.zeros(2, 8))
 
 
+def sdpa_reference(qkv, heads, scale):
+    """torch's causal attention on (B, T, 3C) -> (B, T, C), heads side by side."""
+    b, t, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    q, k, v = (u.reshape(b, t, heads, c // heads).transpose(1, 2) for u in qkv.split(c, dim=2))
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale) \
+        .transpose(1, 2).reshape(b, t, c)
+
+
 @pytest.mark.parametrize("b,t,heads,hd,rows", [(3, 37, 6, 16, 37), (4, 9, 2, 5, 18)],
                          ids=["3x37,6 heads,one seq per tile", "4x9,2 heads,two seqs per tile"])
 def test_causal_attention_matches_torch(device, b, t, heads, hd, rows):
@@ -98,20 +106,15 @@ def test_causal_attention_matches_torch(device, b, t, heads, hd, rows):
     gy = torch.randn(b, t, c, device=device)
     scale = 0.7 / hd ** 0.5
 
-    def ref(z):
-        q, k, v = (u.reshape(b, t, heads, hd).transpose(1, 2) for u in z.split(c, dim=2))
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale) \
-            .transpose(1, 2).reshape(b, t, c)
-
     tiled = nt.TileTensor.from_dense(qkv, (rows, 3 * c), (b * t, 3 * c))
     tiled.requires_grad_(True)
     y = CausalAttentionFunction.apply(tiled, heads, scale)
     (g,) = torch.autograd.grad(y, tiled, gy)
     x = qkv.clone().requires_grad_(True)
-    yr = ref(x)
+    yr = sdpa_reference(x, heads, scale)
     (gr,) = torch.autograd.grad(yr, x, gy)
     x64 = qkv.double().requires_grad_(True)
-    y64 = ref(x64)
+    y64 = sdpa_reference(x64, heads, scale)
     (g64,) = torch.autograd.grad(y64, x64, gy.double())
     assert_close_as_torch(y, yr, y64, what="output")
     assert_close_as_torch(g, gr, g64, what="grad qkv")
@@ -129,11 +132,6 @@ def test_causal_attention_in_bf16_no_worse_than_torch_in_bf16(device):
     gy = torch.randn(b, t, c, device=device)
     scale = 1 / hd ** 0.5
 
-    def ref(z):
-        q, k, v = (u.reshape(b, t, heads, hd).transpose(1, 2) for u in z.split(c, dim=2))
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale) \
-            .transpose(1, 2).reshape(b, t, c)
-
     out = {}
     for bf16 in (False, True):
         tiled = nt.TileTensor.from_dense(qkv, (t, 3 * c), (b * t, 3 * c))
@@ -142,10 +140,10 @@ def test_causal_attention_in_bf16_no_worse_than_torch_in_bf16(device):
         (g,) = torch.autograd.grad(y, tiled, gy)
         out[bf16] = (y.materialize(), g.materialize())
     x = qkv.clone().requires_grad_(True)
-    yr = ref(x.bfloat16()).float()
+    yr = sdpa_reference(x.bfloat16(), heads, scale).float()
     (gr,) = torch.autograd.grad(yr, x, gy)
     x64 = qkv.double().requires_grad_(True)
-    y64 = ref(x64)
+    y64 = sdpa_reference(x64, heads, scale)
     (g64,) = torch.autograd.grad(y64, x64, gy.double())
     assert_close_as_torch(out[True][0], yr, y64, what="bf16 output")
     assert_close_as_torch(out[True][1], gr, g64, what="bf16 grad qkv")

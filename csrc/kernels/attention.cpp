@@ -123,13 +123,11 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
             f = attend(w, q, k, v, scale);  // memory-efficient from now on
         }
     }
-    if (gq.defined()) {
-        // done by the flash kernel
-    } else if (w.cuda) {
+    if (!gq.defined() && w.cuda) {
         std::tie(gq, gk, gv, std::ignore) = at::_scaled_dot_product_efficient_attention_backward(
             g, q, k, v, at::Tensor(), f.out, f.logsumexp, f.philox_seed, f.philox_offset, 0.0,
             {true, true, true, false}, /*is_causal=*/true, (double)scale);
-    } else {
+    } else if (!gq.defined()) {
         std::tie(gq, gk, gv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
             g, q, k, v, f.out, f.logsumexp, 0.0, /*is_causal=*/true, std::nullopt, (double)scale);
     }

@@ -26,15 +26,23 @@ std::atomic<int64_t> &live_bytes() {
     return b;
 }
 
-// What the memory nodes can hold together (host limit + disk node + each GPU's share), or -1 when host RAM has
-// no limit (then the operating system decides).
-int64_t capacity_bytes() {
+int64_t bytes_of(const TileTensor &t) { return t.numel() * (int64_t)dtype_size(t.dtype()); }
+
+// What the memory nodes can hold together: host limit, disk node, the GPUs' shares. host < 0: no host limit
+// (then the operating system decides, and nothing is checked).
+struct Capacity {
+    int64_t host = -1, disk = 0, gpus = 0;
+    int64_t total() const { return host + disk + gpus; }
+};
+
+Capacity capacity() {
     const RuntimeConfig &c = runtime_config();
-    if (c.host_memory_limit <= 0) return -1;
-    int64_t cap = c.host_memory_limit;
-    if (disk_node() >= 0 && c.disk_limit > 0) cap += c.disk_limit;
+    Capacity cap;
+    if (c.host_memory_limit <= 0) return cap;
+    cap.host = c.host_memory_limit;
+    if (disk_node() >= 0 && c.disk_limit > 0) cap.disk = c.disk_limit;
 #ifdef NNTILE_USE_CUDA
-    if (c.cuda_memory_limit > 0) cap += c.cuda_memory_limit * (int64_t)starpu_cuda_worker_get_count();
+    if (c.cuda_memory_limit > 0) cap.gpus = c.cuda_memory_limit * (int64_t)starpu_cuda_worker_get_count();
 #endif
     return cap;
 }
@@ -120,7 +128,7 @@ TileTensor::~TileTensor() {
     live().erase(this);
     if (runtime_running() && !handles_.empty()) {
         for (auto h : handles_) starpu_data_unregister_submit(h);
-        live_bytes().fetch_sub(numel() * (int64_t)dtype_size(dtype_));
+        live_bytes().fetch_sub(bytes_of(*this));
     }
 }
 
@@ -162,19 +170,18 @@ void TileTensor::ensure_handles() {
     // StarPU would wait forever for memory that no node can give (a hang, not an error): refuse up front when
     // one copy of every live tile cannot fit in all the memory nodes together. (Necessary, not sufficient:
     // near the limit StarPU may still stall.)
-    const int64_t bytes = numel() * (int64_t)dtype_size(dtype_), cap = capacity_bytes();
+    const int64_t bytes = bytes_of(*this);
     const int64_t total = live_bytes().fetch_add(bytes) + bytes;
-    if (cap > 0 && total > cap) {
+    const Capacity cap = capacity();
+    if (cap.host > 0 && total > cap.total()) {
         live_bytes().fetch_sub(bytes);
-        const RuntimeConfig &c = runtime_config();
-        std::string nodes = "host limit " + std::to_string(c.host_memory_limit >> 20) + " MiB";
-        nodes += disk_node() >= 0 ? ", disk node " + std::to_string(c.disk_limit >> 20) + " MiB" : ", no disk node";
-        if (cap > c.host_memory_limit + (disk_node() >= 0 ? c.disk_limit : 0))
-            nodes += ", GPUs " + std::to_string((cap - c.host_memory_limit - (disk_node() >= 0 ? c.disk_limit : 0)) >> 20) +
-                     " MiB";
-        NNTILE_CHECK(false, "out of memory: live tiles would take " << (total >> 20) << " MiB (this tensor"
-                                << (name_.empty() ? "" : " '" + name_ + "'") << ": " << (bytes >> 20)
-                                << " MiB), more than all memory nodes hold: " << (cap >> 20) << " MiB (" << nodes
+        NNTILE_CHECK(false, "out of memory: live tiles would take "
+                                << (total >> 20) << " MiB (this tensor" << (name_.empty() ? "" : " '" + name_ + "'")
+                                << ": " << (bytes >> 20) << " MiB), more than all memory nodes hold: "
+                                << (cap.total() >> 20) << " MiB (host limit " << (cap.host >> 20) << " MiB"
+                                << (cap.disk ? ", disk node " + std::to_string(cap.disk >> 20) + " MiB"
+                                             : std::string(", no disk node"))
+                                << (cap.gpus ? ", GPUs " + std::to_string(cap.gpus >> 20) + " MiB" : std::string())
                                 << "). Raise host_memory_limit, add a disk node (disk_path, disk_limit) or free "
                                    "tensors");
     }
@@ -268,7 +275,7 @@ void TileTensor::release_handles(bool keep_data) {
     KeepCudaDevice keep;  // unregistering frees GPU buffers from this thread
     for (auto h : handles_) starpu_data_unregister(h);
     handles_.clear();
-    live_bytes().fetch_sub(numel() * (int64_t)dtype_size(dtype_));
+    live_bytes().fetch_sub(bytes_of(*this));
 }
 
 }  // namespace nntile
