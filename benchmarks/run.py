@@ -49,7 +49,8 @@ from benchmarks.configs import (
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {
     "torch": ({"ckpt"}, ""),
-    "nntile": ({"ckpt", "stepbwd"}, ""),  # stepbwd: AdamW(step_in_backward=True), gradients never all held
+    # stepbwd: AdamW(step_in_backward=True), gradients never all held; bf16state: AdamW(state_dtype=bfloat16)
+    "nntile": ({"ckpt", "stepbwd", "bf16state"}, ""),
     "fsdp": ({"offload", "ckpt"}, ""),
     "fsdp2": ({"offload", "ckpt"}, ""),
     "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),
@@ -357,8 +358,9 @@ def parse_args(argv=None):
     ap.add_argument("--cpu", action="store_true", help="run on the CPU even when there is a GPU")
     ap.add_argument("--host-memory-cap", help="cap each attempt's address space (RLIMIT_AS), e.g. 8GiB: emulates a "
                     "smaller host in CPU-only runs (CUDA needs far more address space than memory)")
-    ap.add_argument("--init-device", default="auto", choices=["auto", "cuda", "cpu"],
-                    help="where the dense model is built before sharding/conversion (auto: GPU if it fits)")
+    ap.add_argument("--init-device", default="auto", choices=["auto", "cuda", "cpu", "meta"],
+                    help="where the dense model is built before sharding/conversion (auto: GPU if it fits; for "
+                    "nntile, meta when its fp32 weights pass 20%% of the GPU: module by module into tiles)")
     g = ap.add_argument_group("nntile")
     g.add_argument("--tile-size", type=int, help="weight tile edge in elements (default max(1024, 3 x width))")
     g.add_argument("--batch-tile-size", type=int,

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import importlib
 import json
+import math
 import os
 import platform
 import resource
@@ -93,12 +94,27 @@ def build_model(spec, device):
 def init_device(spec, cuda):
     """Where the dense model is first built: on the GPU when its fp32 weights take under 45% of the GPU's memory
     (fast random init, same weights for every backend), else in host RAM (slow, single-threaded init)."""
-    if spec["init_device"] != "auto":
+    if spec["init_device"] == "meta" and spec["backend"] != "nntile":
+        raise Unavailable("--init-device meta builds the model module by module into nntile tiles (nntile only)")
+    if spec["init_device"] not in ("auto", "meta"):
         return spec["init_device"]
     if not cuda:
         return "cpu"
     total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     return "cuda" if 4 * spec["params"] <= 0.45 * total else "cpu"
+
+
+def hf_init(model):
+    """Hugging Face's GPT-2 init for one module at a time (what convert() calls on a meta model's modules),
+    with GPT-2's depth-scaled init of the residual projections (HF applies it from their parent module)."""
+    scaled = {id(m.c_proj) for m in model.modules() if type(m).__name__ in ("GPT2Attention", "GPT2MLP")}
+    std = model.config.initializer_range / math.sqrt(2 * model.config.n_layer)
+
+    def init(m):
+        model._init_weights(m)
+        if id(m) in scaled:
+            m.weight.normal_(0.0, std)
+    return init
 
 
 def set_precision(precision):
@@ -161,19 +177,25 @@ def setup_nntile(spec, cuda, rank, world):
             host_memory_limit=o["host_memory_limit"], disk_path=o["disk_path"], disk_limit=o["disk_limit"],
             scheduler=o["scheduler"])
     dev0 = init_device(spec, cuda)
-    device = dev0  # the tile modules' home: inputs go there (StarPU still places the tasks on every GPU)
+    if spec["init_device"] == "meta" or (spec["init_device"] == "auto" and cuda and 4 * spec["params"] > 0.2 * (
+            torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)):
+        dev0 = "meta"  # built module by module into tiles: a dense copy beside the tiles would crowd StarPU out
+    device = "cuda" if cuda else "cpu"  # the tile modules' home: inputs go there (StarPU places tasks on every GPU)
     width = hf_config(spec["config"], spec["seq"]).n_embd
     # Defaults as the training CLI: weight tiles hold 3 x width (LayerNorm and attention need whole rows in one
     # tile to stay tile tasks), activation tiles whole sequences (on GPUs the batch split once per place).
     tile = o["tile_size"] or max(1024, 3 * width)
     btile = o["batch_tile_size"] or nt.config.rows_per_tile(spec["batch"], spec["seq"], cuda,
                                                             nt.runtime.num_places())
-    model = nt.convert(build_model(spec, dev0), precision=spec["precision"], tile_size=tile, batch_tile_size=btile)
+    dense = build_model(spec, dev0)
+    kw = dict(precision=spec["precision"], tile_size=tile, batch_tile_size=btile)
+    model = nt.convert(dense, init=hf_init(dense), init_device=device, **kw) if dev0 == "meta" else nt.convert(dense, **kw)
     if cuda:
         torch.cuda.empty_cache()  # the dense weights are gone; give their memory back to the device
     counted = sum(p.numel() for p in model.parameters())
     opt = nt.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"],
-                         step_in_backward="stepbwd" in spec["flags"])
+                         step_in_backward="stepbwd" in spec["flags"],
+                         state_dtype=torch.bfloat16 if "bf16state" in spec["flags"] else torch.float32)
 
     def step(ids):
         opt.zero_grad()
@@ -389,6 +411,7 @@ def run_attempt(spec, rank, world):
         res["env"].update(env)
         res["gpus"] = gpus
         res["setup_s"] = time.perf_counter() - t0
+        print(f"setup: {res['setup_s']:.1f} s (weights built on {res['env'].get('init_device')})", flush=True)
         per_rank = spec["batch"] // world if spec["backend"] in ("fsdp", "fsdp2", "deepspeed") else spec["batch"]
         vocab = hf_config(spec["config"], spec["seq"]).vocab_size
         times, losses = [], []

@@ -52,31 +52,40 @@ def _swappable(m, tile_size):
     return type(m) is nn.GELU or type(m).__name__ in _HF_GELU
 
 
-def _swap(m, kw):
+def _swap(m, kw, home=None):
     tiles = dict(tile_size=kw["tile_size"], batch_tile_size=kw["batch_tile_size"])
+    dev = home if home is not None else getattr(getattr(m, "weight", None), "device", None)
     if type(m) is nn.Linear:
-        return Linear(m.in_features, m.out_features, bias=m.bias is not None, device=m.weight.device, **kw)
+        return Linear(m.in_features, m.out_features, bias=m.bias is not None, device=dev, **kw)
     if _is_hf_conv1d(m):
-        return Conv1D(m.nf, m.weight.shape[0], device=m.weight.device, **kw)
+        return Conv1D(m.nf, m.weight.shape[0], device=dev, **kw)
     if type(m) is nn.LayerNorm:
-        return LayerNorm(m.normalized_shape, eps=m.eps, device=m.weight.device,
-                         batch_tile_size=kw["batch_tile_size"])
+        return LayerNorm(m.normalized_shape, eps=m.eps, device=dev, batch_tile_size=kw["batch_tile_size"])
     if type(m) is nn.GELU:
         return GELU(m.approximate, **tiles)
     if type(m) is nn.Dropout:
         return nn.Identity() if m.p == 0 else Dropout(m.p, **tiles)
     if type(m) is nn.Embedding:
-        return Embedding(m.num_embeddings, m.embedding_dim, device=m.weight.device, **tiles)
+        return Embedding(m.num_embeddings, m.embedding_dim, device=dev, **tiles)
     return GELU(_HF_GELU[type(m).__name__], **tiles)
 
 
-def convert(model, precision="fp32", tile_size=None, batch_tile_size=None):
+def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=None, init_device=None):
     """Swaps, in place, model's nn.Linear, Hugging Face Conv1D, nn.LayerNorm and GELU modules for nntile_torch
-    ones (see the module docstring) and returns model. Parameters keep their names, shapes, values, requires_grad and ties (a weight shared by several
-    modules, such as GPT-2's token embedding and LM head, stays one Parameter).
+    ones (see the module docstring) and returns model. Parameters keep their names, shapes, values,
+    requires_grad and ties (a weight shared by several modules, such as GPT-2's token embedding and LM head,
+    stays one Parameter).
 
     precision: "fp32" (exact), "tf32" or "bf16" for the matmuls; tile_size / batch_tile_size: tile edges in
     elements (defaults in nntile_torch.config).
+
+    A model built on the meta device (``with torch.device("meta"): model = ...``) is materialized one module
+    at a time, so the dense model never exists whole (a 20B model is 80 GB of float32): each swapped module
+    gets empty dense parameters on init_device (default: the current GPU when nntile runs GPU workers, else
+    the CPU), init(module) fills them (default: the module's own reset_parameters(); for Hugging Face models
+    pass init=model._init_weights), they are copied into tiles and dropped. The tiles' home device (where
+    inputs and materialized copies go) is then init_device. Parameters of modules convert() does not swap
+    must not be on the meta device (the error names them).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert() takes a torch.nn.Module (got {type(model).__name__})")
@@ -93,20 +102,31 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None):
             if _swappable(child, tile_size):
                 _check_dense_float32(full, child)
                 plan.append((m, cname, child))
+    _check_meta(model, plan, init)
+    home = _home_device(init_device)
+    keep = []
     for parent, cname, old in plan:
+        ids = {pname: id(p) for pname, p in old.named_parameters(recurse=False)}
+        keep.extend(old.parameters(recurse=False))  # alive, so their ids stay unique while ties are matched
+        meta = any(p.is_meta for p in old.parameters(recurse=False))
+        if meta and any(i not in swapped for i in ids.values()):
+            _materialize(old, init, home)
         with no_init():  # every parameter is written from `old` below
-            new = _swap(old, kw)
+            new = _swap(old, kw, home if meta else None)
         if {n for n, _ in new.named_parameters(recurse=False)} - {n for n, _ in old.named_parameters(recurse=False)}:
             new.reset_parameters()  # a parameter the original lacks: give it its usual initial values
         new.train(old.training)
         for pname, p in old.named_parameters(recurse=False):
-            if id(p) in swapped:  # tied to a parameter converted already
-                setattr(new, pname, swapped[id(p)])
+            key = ids[pname]  # the id before any materialization, which ties are known by
+            if key in swapped:  # tied to a parameter converted already
+                setattr(new, pname, swapped[key])
             else:
                 with torch.no_grad():
                     getattr(new, pname).copy_(p)
                 getattr(new, pname).requires_grad_(p.requires_grad)
-                swapped[id(p)] = getattr(new, pname)
+                swapped[key] = getattr(new, pname)
+        if meta:
+            old.to_empty(device="meta", recurse=False)  # drop the dense copy now, not when the loop ends
         new.train(old.training)
         setattr(parent, cname, new)
     # Modules left as torch code that shared a swapped parameter get the new one, so ties survive; their
@@ -134,6 +154,45 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None):
             m.register_forward_pre_hook(_index_check(name or "embedding"))
             m._nntile_checked = True
     return model
+
+
+def _home_device(init_device):
+    if init_device is not None:
+        return torch.device(init_device)
+    from .runtime import info
+    cuda = torch.cuda.is_available() and (info().get("workers") or {}).get("cuda", 0) > 0
+    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+
+
+def _check_meta(model, plan, init):
+    """Before anything changes: every meta tensor must belong to a module convert() swaps (or be tied to one),
+    and each such module must have a way to get values."""
+    swapped = {id(m) for _, _, m in plan}
+    covered = {id(p) for _, _, m in plan for p in m.parameters(recurse=False)}
+    left = []
+    for name, m in model.named_modules():
+        tensors = [] if id(m) in swapped else list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False))
+        left += [f"{name}.{n}" if name else n for n, t in tensors if t.is_meta and id(t) not in covered]
+    if left:
+        raise ValueError("convert() materializes only the modules it swaps; still on the meta device: "
+                         f"{', '.join(left[:8])}{' ...' if len(left) > 8 else ''} (build those modules on a real "
+                         "device, or give them values before convert())")
+    if init is None:
+        for parent, cname, m in plan:
+            if any(p.is_meta for p in m.parameters(recurse=False)) and not hasattr(m, "reset_parameters"):
+                raise TypeError(f"convert(): {type(parent).__name__}.{cname} ({type(m).__name__}) is on the meta "
+                                "device and has no reset_parameters(); pass init= (for Hugging Face models: "
+                                "init=model._init_weights)")
+
+
+def _materialize(old, init, device):
+    """Empty dense parameters on `device` for a meta module, filled by init(old) or old.reset_parameters()."""
+    old.to_empty(device=device, recurse=False)
+    with torch.no_grad():
+        if init is not None:
+            init(old)
+        else:
+            old.reset_parameters()
 
 
 def _index_check(name):

@@ -37,8 +37,9 @@ for step in "$@"; do
   t0=$(date +%s)
   case $step in
     tests) python3 -m pytest -q -rs --timeout 240 --timeout-method thread tests 2>&1 | tee "$OUT/tests.log" | tail -25; rc=${PIPESTATUS[0]} ;;
-    gputests)  # the CUDA variants of every op and model test (marked cuda)
-      python3 -m pytest -q -rs --timeout 150 --timeout-method thread -m cuda tests 2>&1 | tee "$OUT/gputests.log" \
+    gputests)  # the CUDA variants of every op and model test (marked cuda); GPUTESTS: test paths (default tests)
+      # shellcheck disable=SC2086  # a list of paths
+      python3 -m pytest -q -rs --timeout 150 --timeout-method thread -m cuda ${GPUTESTS:-tests} 2>&1 | tee "$OUT/gputests.log" \
         | tail -25; rc=${PIPESTATUS[0]} ;;
     multigpu)  # several GPUs (kinds nvidia-h200-x2/x4/x8): the place tests, then GPT-2 XL bf16 at 8 sequences per
                # GPU: nntile and torch on 1 GPU, then nntile (one process), FSDP2 and DeepSpeed ZeRO-3 (torchrun) on all

@@ -174,3 +174,78 @@ def test_step_in_backward_gives_the_same_updates_and_drops_gradients(device):
     for (name, a), b in zip(ours.named_parameters(), twin.parameters()):
         assert torch.equal(a.materialize(), b.materialize()), name
     assert int(opt_b.state[twin[0].weight]["step"]) == 6
+
+
+def bf16_neighbours(x):
+    """The two bf16 values around each float32 of x (equal when x is one), as float32."""
+    bits = x.float().contiguous().view(torch.int32)
+    down = (bits & -65536).view(torch.float32)  # toward zero
+    up = ((bits & -65536) + 65536).view(torch.float32)  # away from zero
+    exact = (bits & 65535) == 0
+    return down, torch.where(exact, down, up)
+
+
+def test_bf16_state_is_adamw_rounded_stochastically(device):
+    """state_dtype=bfloat16, first step (zero states): the weights are fp32-state AdamW's bit for bit (the update
+    uses the fp32 moments), each stored moment is one of the two bf16 values around the fp32 one, and the
+    rounding is unbiased on average."""
+    torch.manual_seed(0)
+    w = nt.TileTensor.from_dense(torch.randn(300, 200, device=device), (128, 64))
+    w_ref = nt.TileTensor.from_dense(w.materialize().clone(), (128, 64))
+    p, p_ref = torch.nn.Parameter(w), torch.nn.Parameter(w_ref)
+    g = torch.randn(300, 200, device=device) * torch.logspace(-4, 1, 200, device=device)
+    opt = nt.optim.AdamW([p], lr=1e-2, state_dtype=torch.bfloat16)
+    ref = nt.optim.AdamW([p_ref], lr=1e-2)
+    for param, o in ((p, opt), (p_ref, ref)):
+        param.grad = nt.TileTensor.from_dense(g.clone(), (128, 64))
+        o.step()
+    assert torch.equal(p.materialize(), p_ref.materialize())
+    for name in ("exp_avg", "exp_avg_sq"):
+        ours = opt.state[p][name]
+        assert ours.dtype == torch.bfloat16 and ours.tiles.dtype == "bfloat16"
+        ours, exact = ours.materialize().float(), ref.state[p_ref][name].materialize()
+        down, up = bf16_neighbours(exact)
+        assert ((ours == down) | (ours == up)).all(), name
+        spacing = (up - down).abs()
+        frac = ((ours - exact).abs() / spacing.clamp_min(1e-45))[spacing > 0]
+        rounded_up = (ours != down)[spacing > 0].float()
+        # Unbiased: up with probability (exact - down) / spacing.
+        dropped = ((exact - down).abs() / spacing.clamp_min(1e-45))[spacing > 0]
+        assert abs(rounded_up.mean().item() - dropped.mean().item()) < 0.01, name
+        assert frac.numel() > 50000 and 0 < rounded_up.mean().item() < 1
+
+
+def test_bf16_state_tracks_fp32_state_and_is_deterministic(device):
+    """200 steps: bf16 moments keep the trajectory within a small fraction of fp32-state AdamW's own travel
+    (round-to-nearest would freeze exp_avg_sq); two runs, and step_in_backward, give the same bits."""
+    data = batches(200, device)
+    runs = []
+    for state_dtype, in_bwd in ((torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, False),
+                                (torch.bfloat16, True)):
+        ours, _ = models(device)
+        start = [p.materialize().clone() for p in ours.parameters()]
+        opt = nt.optim.AdamW(ours.parameters(), lr=3e-3, state_dtype=state_dtype, step_in_backward=in_bwd)
+        losses = train(ours, opt, data)
+        runs.append((losses, [p.materialize().clone() for p in ours.parameters()], start))
+    (l32, p32, start), (l16, p16, _), (l16b, p16b, _), (l16c, p16c, _) = runs
+    assert l16 == l16b == l16c and all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(p16, p16b, p16c))
+    travel = sum(norm_err(a, s) ** 2 for a, s in zip(p32, start)) ** 0.5
+    drift = sum(norm_err(a, b) ** 2 for a, b in zip(p16, p32)) ** 0.5
+    assert drift < 0.02 * travel, (drift, travel)
+    assert abs(sum(l16[-20:]) - sum(l32[-20:])) < 0.01 * sum(l32[-20:]), (l16[-5:], l32[-5:])
+    assert sum(l16[-20:]) / 20 < 0.9 * l16[0]  # it learns (the targets are noise: no lower)
+
+
+def test_bf16_state_dict_round_trip(device):
+    data = batches(6, device)
+    ours, _ = models(device)
+    opt = nt.optim.AdamW(ours.parameters(), lr=1e-2, state_dtype=torch.bfloat16)
+    train(ours, opt, data[:3])
+    saved = copy.deepcopy(opt.state_dict())
+    assert all(v.dtype == torch.bfloat16 for s in saved["state"].values() for k, v in s.items() if k != "step")
+    twin = copy.deepcopy(ours)
+    opt_b = nt.optim.AdamW(twin.parameters(), lr=1e-2, state_dtype=torch.bfloat16)
+    opt_b.load_state_dict(saved)
+    assert train(ours, opt, data[3:]) == train(twin, opt_b, data[3:])
+    with pytest.raises(ValueError, match="state_dtype"):
+        nt.optim.AdamW(ours.parameters(), state_dtype=torch.float16)

@@ -256,3 +256,64 @@ def test_convert_draws_no_random_numbers(device):
     assert torch.equal(state, torch.get_rng_state())
     for (name, a), (_, b) in zip(ref.state_dict().items(), ours.state_dict().items()):
         assert torch.equal(a, b.to(a.device)), name
+
+
+def test_meta_model_is_built_module_by_module_as_on_a_device(device):
+    """A model built on the meta device gets, module by module, the values its modules' reset_parameters() draw:
+    with the same seed, the same weights as the model built on the device (no tie here: a tie keeps the value
+    of the first module converted)."""
+    def build():
+        return nn.Sequential(nn.Embedding(50, 24), nn.LayerNorm(24), nn.Linear(24, 40), nn.GELU(),
+                             nn.Linear(40, 50, bias=False))
+    torch.manual_seed(3)
+    with torch.device(device):
+        ref = build()
+    torch.manual_seed(3)
+    with torch.device("meta"):
+        meta = build()
+    ours = nt.convert(meta, tile_size=32, batch_tile_size=8, init_device=device)
+    assert not any(p.is_meta for p in ours.parameters())
+    for (name, a), (_, b) in zip(ref.state_dict().items(), ours.state_dict().items()):
+        assert torch.equal(a, b.to(a.device)), name
+    assert all(p.device.type == torch.device(device).type for p in ours.parameters())
+    ids = torch.randint(0, 50, (3, 7), device=device)
+    ref64 = copy.deepcopy(ref).double()
+    assert_close_as_torch(ours(ids), ref(ids), ref64(ids))
+
+
+def test_meta_gpt2_with_hf_init_trains(device):
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=96, n_head=6, vocab_size=1000, n_positions=32,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    with torch.device("meta"):
+        meta = transformers.GPT2LMHeadModel(cfg)
+    n = sum(p.numel() for p in meta.parameters())
+    ours = nt.convert(meta, tile_size=300, batch_tile_size=32, init=meta._init_weights, init_device=device)
+    assert sum(p.numel() for p in ours.parameters()) == n
+    assert ours.lm_head.weight is ours.transformer.wte.weight
+    w = ours.transformer.h[1].mlp.c_fc.weight.materialize()
+    assert abs(w.std().item() - 0.02) < 0.002 and ours.transformer.h[0].ln_1.weight.materialize().eq(1).all()
+    opt = nt.optim.AdamW(ours.parameters(), lr=3e-3)
+    ids = torch.randint(0, 1000, (2, 32), device=device)
+    losses = []
+    for _ in range(8):
+        opt.zero_grad()
+        loss = ours(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert abs(losses[0] - math.log(1000)) < 0.3, losses  # HF's N(0, 0.02) init: about uniform predictions
+    assert losses[-1] < losses[0] - 1.0, losses
+
+
+def test_meta_model_errors_before_changing_anything():
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, n_positions=16,
+                                  bos_token_id=0, eos_token_id=0)
+    with torch.device("meta"):
+        hf = transformers.GPT2LMHeadModel(cfg)
+        odd = nn.Sequential(nn.Linear(4, 4), nn.Conv2d(1, 1, 1))
+    with pytest.raises(TypeError, match="reset_parameters.*init="):
+        nt.convert(hf)  # transformers' Conv1D has no reset_parameters
+    assert type(hf.transformer.h[0].attn.c_attn).__name__ == "Conv1D" and hf.lm_head.weight.is_meta
+    with pytest.raises(ValueError, match=r"still on the meta device: 1\.weight, 1\.bias"):
+        nt.convert(odd)
+    assert type(odd[0]) is nn.Linear

@@ -1,4 +1,6 @@
 // Codelet for the AdamW update of one parameter tile with its gradient and two state tiles.
+#include <cstring>
+
 #include "../kernels/adamw.h"
 #include "codelet_util.h"
 #include "codelets.h"
@@ -11,36 +13,48 @@ struct AdamWArgs {
     int64_t n;
     kernels::AdamWScalars s;
     bool init_state;  // first step: the state tiles are written, not read (they start at zero)
+    bool bf16_state;  // state tiles hold bf16 (stochastic rounding from hash(seed, element))
+    uint64_t seed;
 };
 
-uint32_t adamw_footprint(starpu_task *task) { return hash_ints({args_of<AdamWArgs>(task).n}); }
-
-void zero_state(const AdamWArgs &a, float *m, float *v) {
-    for (int64_t i = 0; i < a.n; ++i) m[i] = v[i] = 0.f;
+uint32_t adamw_footprint(starpu_task *task) {
+    auto &a = args_of<AdamWArgs>(task);
+    return hash_ints({a.n, (int64_t)a.bf16_state});
 }
 
 void adamw_cpu_func(void *buffers[], void *cl_arg) {
     auto *a = static_cast<AdamWArgs *>(cl_arg);
-    auto *m = (float *)STARPU_VECTOR_GET_PTR(buffers[2]);
-    auto *v = (float *)STARPU_VECTOR_GET_PTR(buffers[3]);
-    if (a->init_state) zero_state(*a, m, v);
-    kernels::adamw_cpu(a->n, a->s, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]),
-                       (float *)STARPU_VECTOR_GET_PTR(buffers[1]), m, v);
+    auto *m = (void *)STARPU_VECTOR_GET_PTR(buffers[2]), *v = (void *)STARPU_VECTOR_GET_PTR(buffers[3]);
+    size_t bytes = a->n * (a->bf16_state ? sizeof(uint16_t) : sizeof(float));
+    if (a->init_state) {  // all-zero bits are 0.0 in both types
+        std::memset(m, 0, bytes);
+        std::memset(v, 0, bytes);
+    }
+    auto *g = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
+    auto *p = (float *)STARPU_VECTOR_GET_PTR(buffers[1]);
+    if (a->bf16_state)
+        kernels::adamw_bf16state_cpu(a->n, a->s, a->seed, g, p, (uint16_t *)m, (uint16_t *)v);
+    else
+        kernels::adamw_cpu(a->n, a->s, g, p, (float *)m, (float *)v);
 }
 
 #ifdef NNTILE_USE_CUDA
 void adamw_cuda_func(void *buffers[], void *cl_arg) {
     auto *a = static_cast<AdamWArgs *>(cl_arg);
     auto stream = starpu_cuda_get_local_stream();
-    auto *m = (float *)STARPU_VECTOR_GET_PTR(buffers[2]);
-    auto *v = (float *)STARPU_VECTOR_GET_PTR(buffers[3]);
+    auto *m = (void *)STARPU_VECTOR_GET_PTR(buffers[2]), *v = (void *)STARPU_VECTOR_GET_PTR(buffers[3]);
+    size_t bytes = a->n * (a->bf16_state ? sizeof(uint16_t) : sizeof(float));
     if (a->init_state) {
-        cudaError_t e1 = cudaMemsetAsync(m, 0, a->n * sizeof(float), stream);
-        cudaError_t e2 = cudaMemsetAsync(v, 0, a->n * sizeof(float), stream);
+        cudaError_t e1 = cudaMemsetAsync(m, 0, bytes, stream);
+        cudaError_t e2 = cudaMemsetAsync(v, 0, bytes, stream);
         NNTILE_CHECK(e1 == cudaSuccess && e2 == cudaSuccess, "cudaMemsetAsync of AdamW state failed");
     }
-    kernels::adamw_cuda(stream, a->n, a->s, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]),
-                        (float *)STARPU_VECTOR_GET_PTR(buffers[1]), m, v);
+    auto *g = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
+    auto *p = (float *)STARPU_VECTOR_GET_PTR(buffers[1]);
+    if (a->bf16_state)
+        kernels::adamw_bf16state_cuda(stream, a->n, a->s, a->seed, g, p, (uint16_t *)m, (uint16_t *)v);
+    else
+        kernels::adamw_cuda(stream, a->n, a->s, g, p, (float *)m, (float *)v);
 }
 #else
 constexpr starpu_cuda_func_t adamw_cuda_func = nullptr;
@@ -53,9 +67,10 @@ starpu_codelet *cl_adamw() {
 
 }  // namespace
 
-void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, starpu_data_handle_t grad,
-                  starpu_data_handle_t param, starpu_data_handle_t exp_avg, starpu_data_handle_t exp_avg_sq) {
-    auto *args = cl_args(AdamWArgs{n, s, init_state});
+void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, bool bf16_state, uint64_t seed,
+                  starpu_data_handle_t grad, starpu_data_handle_t param, starpu_data_handle_t exp_avg,
+                  starpu_data_handle_t exp_avg_sq) {
+    auto *args = cl_args(AdamWArgs{n, s, init_state, bf16_state, seed});
     auto state_mode = init_state ? STARPU_W : STARPU_RW;
     NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_adamw(), STARPU_R, grad, STARPU_RW, param, state_mode, exp_avg,
                                            state_mode, exp_avg_sq, STARPU_CL_ARGS, args, sizeof(AdamWArgs),

@@ -1,6 +1,8 @@
 // The per-element AdamW update shared by the CPU and CUDA kernels (same float operations, same order).
 #pragma once
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 
 #include "adamw.h"
 
@@ -20,6 +22,51 @@ NNTILE_HD void adamw_element(const AdamWScalars &s, float g, float &p, float &m,
     v = v + s.one_minus_b2 * g * g;
     float denom = sqrtf(v) / s.bc2_sqrt + s.eps;
     p = p + (-s.step_size) * (m / denom);
+}
+
+NNTILE_HD uint32_t float_bits(float x) {
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(x);
+#else
+    uint32_t u;
+    std::memcpy(&u, &x, sizeof u);
+    return u;
+#endif
+}
+
+NNTILE_HD float bf16_to_float(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float x;
+    std::memcpy(&x, &u, sizeof x);
+    return x;
+#endif
+}
+
+// x rounded to bf16 up or down, up with probability (dropped bits) / 2^16: r16 is 16 uniform random bits.
+NNTILE_HD uint16_t float_to_bf16_stochastic(float x, uint32_t r16) {
+    uint32_t u = float_bits(x);
+    if ((u & 0x7f800000u) == 0x7f800000u) return (uint16_t)((u >> 16) | ((u & 0xffffu) ? 0x40u : 0u));  // inf, nan
+    return (uint16_t)((u + (r16 & 0xffffu)) >> 16);
+}
+
+// splitmix64's finalizer of seed + i: 64 random bits per element, the same on every device.
+NNTILE_HD uint64_t hash64(uint64_t seed, uint64_t i) {
+    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+NNTILE_HD void adamw_element_bf16state(const AdamWScalars &s, uint64_t seed, int64_t i, float g, float &p,
+                                       uint16_t &mb, uint16_t &vb) {
+    float m = bf16_to_float(mb), v = bf16_to_float(vb);
+    adamw_element(s, g, p, m, v);
+    uint64_t r = hash64(seed, (uint64_t)i);
+    mb = float_to_bf16_stochastic(m, (uint32_t)r);
+    vb = float_to_bf16_stochastic(v, (uint32_t)(r >> 16));
 }
 
 }  // namespace nntile::kernels

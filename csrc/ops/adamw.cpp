@@ -2,14 +2,24 @@
 #include <cmath>
 
 #include "../codelets/codelets.h"
+#include "../kernels/adamw_impl.h"
 #include "ops.h"
 
 namespace nntile::ops {
 
 void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor &exp_avg_sq, double lr, double beta1,
-           double beta2, double eps, double weight_decay, int64_t step, bool init_state) {
+           double beta2, double eps, double weight_decay, int64_t step, bool init_state, int64_t seed) {
     NNTILE_CHECK(param.dtype() == DType::f32, "AdamW updates float32 parameters (got " << dtype_name(param.dtype()) << ")");
-    NNTILE_CHECK(grad.same_tiling(param) && exp_avg.same_tiling(param) && exp_avg_sq.same_tiling(param),
+    NNTILE_CHECK(grad.dtype() == DType::f32, "AdamW takes a float32 gradient (got " << dtype_name(grad.dtype()) << ")");
+    NNTILE_CHECK(exp_avg.dtype() == exp_avg_sq.dtype() &&
+                     (exp_avg.dtype() == DType::f32 || exp_avg.dtype() == DType::bf16),
+                 "AdamW states must be both float32 or both bfloat16 (got " << dtype_name(exp_avg.dtype()) << " and "
+                                                                          << dtype_name(exp_avg_sq.dtype()) << ")");
+    bool bf16_state = exp_avg.dtype() == DType::bf16;
+    auto tiled_like_param = [&](const TileTensor &t) {
+        return t.shape() == param.shape() && t.tile_shape() == param.tile_shape();
+    };
+    NNTILE_CHECK(tiled_like_param(grad) && tiled_like_param(exp_avg) && tiled_like_param(exp_avg_sq),
                  "AdamW: gradient and state tiles must match the parameter's");
     NNTILE_CHECK(step >= 1, "AdamW step must be >= 1 (got " << step << ")");
     kernels::AdamWScalars s;
@@ -24,8 +34,10 @@ void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor 
         OnWorker on(placement_worker(row_of(param, t)));
         int64_t n = 1;
         for (auto e : param.tile_extents(t)) n *= e;
-        codelets::submit_adamw(n, s, init_state, grad.handle(t), param.handle(t), exp_avg.handle(t),
-                               exp_avg_sq.handle(t));
+        // Rounding bits differ per tensor (seed), step and tile, and do not depend on where the task runs.
+        uint64_t tile_seed = kernels::hash64(kernels::hash64((uint64_t)seed, (uint64_t)step), (uint64_t)t);
+        codelets::submit_adamw(n, s, init_state, bf16_state, tile_seed, grad.handle(t), param.handle(t),
+                               exp_avg.handle(t), exp_avg_sq.handle(t));
     }
     param.bump_version();
     exp_avg.bump_version();

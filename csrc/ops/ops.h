@@ -56,8 +56,9 @@ void cross_entropy_backward(TileTensor &labels, TileTensor &logits, TileTensor &
 // dst = src in dst's element type (same shape and tiles).
 void convert(TileTensor &src, TileTensor &dst);
 // One AdamW step over all tiles of a parameter (grad, exp_avg, exp_avg_sq share its tiling). Scalars are
-// those torch.optim.AdamW uses at this step; init_state: the state tensors have never been written.
+// those torch.optim.AdamW uses at this step; init_state: the state tensors have never been written. States may
+// be float32 or (both) bfloat16, the latter rounded stochastically from bits that depend on seed, step and tile.
 void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor &exp_avg_sq, double lr, double beta1,
-           double beta2, double eps, double weight_decay, int64_t step, bool init_state);
+           double beta2, double eps, double weight_decay, int64_t step, bool init_state, int64_t seed);
 
 }  // namespace nntile::ops

@@ -5,12 +5,17 @@ from .. import _C
 from ..tensor import TileTensor
 
 
-def _tiles_like(param, value):
-    """value (dense or TileTensor) as a TileTensor tiled like param."""
-    if isinstance(value, TileTensor) and value.shape == param.shape and value.tiles.same_tiling(param.tiles):
+_STATE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+
+
+def _tiles_like(param, value, dtype=torch.float32):
+    """value (dense or TileTensor) as a TileTensor of `dtype` tiled like param."""
+    if isinstance(value, TileTensor) and value.shape == param.shape and value.tiles.same_tiling(param.tiles) \
+            and value.tiles.dtype == _STATE_DTYPES[dtype]:
         return value
-    t = _C.TileTensor(list(param.tiles.shape), list(param.tiles.tile_shape), "float32", "")
-    t.from_dense((value.materialize() if isinstance(value, TileTensor) else value).reshape(tuple(t.shape)))
+    t = _C.TileTensor(list(param.tiles.shape), list(param.tiles.tile_shape), _STATE_DTYPES[dtype], "")
+    dense = value.materialize() if isinstance(value, TileTensor) else value
+    t.from_dense(dense.to(dtype).reshape(tuple(t.shape)))
     return TileTensor(t, param.shape, param.device)
 
 
@@ -28,10 +33,18 @@ class AdamW(torch.optim.Optimizer):
     memory). step() and zero_grad() then have nothing left to do for those parameters; anything that needs
     every gradient before the update (clipping by global norm, gradient accumulation over micro-batches) does
     not fit this mode. The updates are the same as step()'s, bit for bit.
+
+    state_dtype=torch.bfloat16: exp_avg and exp_avg_sq of tile parameters are kept in bf16 (4 bytes per
+    parameter instead of 8: 12 -> 10 bytes per parameter with bf16 weight copies and step_in_backward). Each
+    step computes them in fp32 from their bf16 values and updates the weight with those fp32 values, then
+    stores them rounded stochastically (up or down with the probabilities that make the rounding unbiased, from
+    a hash of the parameter, step, tile and element: the same on any device), because round-to-nearest would
+    drop exp_avg_sq's updates (beta2 = 0.999 moves it by 0.1%, bf16's spacing is 0.4%). Not bitwise torch's
+    AdamW any more: tests/test_adamw.py bounds how far the trajectory drifts. Plain tensor parameters keep fp32.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, amsgrad=False,
-                 maximize=False, step_in_backward=False):
+                 maximize=False, step_in_backward=False, state_dtype=torch.float32):
         if not isinstance(lr, (int, float)) or lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr!r} (must be a float >= 0)")
         if not isinstance(eps, (int, float)) or eps < 0.0:
@@ -42,18 +55,24 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError(f"Invalid weight_decay value: {weight_decay!r} (must be >= 0)")
         if amsgrad:
             raise ValueError("amsgrad=True is not supported by nntile_torch.optim.AdamW")
+        if state_dtype not in _STATE_DTYPES:
+            raise ValueError(f"state_dtype must be torch.float32 or torch.bfloat16 (got {state_dtype!r})")
         # torch.optim.AdamW's group keys too, so that it reads our state_dict as AdamW (not Adam with L2).
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=False,
                         maximize=maximize, foreach=None, capturable=False, differentiable=False, fused=None,
                         decoupled_weight_decay=True)
         self.step_in_backward = bool(step_in_backward)
+        self.state_dtype = state_dtype
         self._hooks = []
+        self._seeds = {}  # parameter -> its index in the groups: the stochastic rounding's seed
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
+        index = len(self.param_groups) - 1
+        for p in self.param_groups[index]["params"]:
+            self._seeds.setdefault(p, len(self._seeds))
         if self.step_in_backward:
-            index = len(self.param_groups) - 1
             for p in self.param_groups[index]["params"]:
                 if p.requires_grad:
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(index)))
@@ -88,12 +107,13 @@ class AdamW(torch.optim.Optimizer):
         state["step"] = state["step"] + 1  # not in place: a loaded state_dict may share the tensor
         step = int(state["step"].item())
         if isinstance(p, TileTensor) and p.dtype == torch.float32:
-            self._tile_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step)
+            self._tile_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step,
+                            self.state_dtype, self._seeds[p])
         else:
             self._dense_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step)
 
     @staticmethod
-    def _tile_step(p, state, fresh, maximize, lr, beta1, beta2, eps, wd, step):
+    def _tile_step(p, state, fresh, maximize, lr, beta1, beta2, eps, wd, step, dtype, seed):
         grad = _tiles_like(p, p.grad)
         if maximize:
             neg = _C.TileTensor(list(grad.tiles.shape), list(grad.tiles.tile_shape), "float32", "")
@@ -101,13 +121,13 @@ class AdamW(torch.optim.Optimizer):
             grad = TileTensor(neg, p.shape, p.device)
         if fresh:
             shape, tile = list(p.tiles.shape), list(p.tiles.tile_shape)
-            state["exp_avg"] = TileTensor(_C.TileTensor(shape, tile, "float32", "exp_avg"), p.shape, p.device)
-            state["exp_avg_sq"] = TileTensor(_C.TileTensor(shape, tile, "float32", "exp_avg_sq"), p.shape, p.device)
-        else:  # states loaded from a state_dict arrive dense
-            state["exp_avg"] = _tiles_like(p, state["exp_avg"])
-            state["exp_avg_sq"] = _tiles_like(p, state["exp_avg_sq"])
+            for name in ("exp_avg", "exp_avg_sq"):
+                state[name] = TileTensor(_C.TileTensor(shape, tile, _STATE_DTYPES[dtype], name), p.shape, p.device)
+        else:  # states loaded from a state_dict arrive dense (and in the type they were saved in)
+            state["exp_avg"] = _tiles_like(p, state["exp_avg"], dtype)
+            state["exp_avg_sq"] = _tiles_like(p, state["exp_avg_sq"], dtype)
         _C.adamw(grad.tiles, p.tiles, state["exp_avg"].tiles, state["exp_avg_sq"].tiles, lr, beta1, beta2, eps, wd,
-                 step, fresh)
+                 step, fresh, seed)
 
     @staticmethod
     def _dense_step(p, state, fresh, maximize, lr, beta1, beta2, eps, wd, step):
