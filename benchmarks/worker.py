@@ -114,6 +114,9 @@ def hf_init(model):
         model._init_weights(m)
         if id(m) in scaled:
             m.weight.normal_(0.0, std)
+        # Drawn on the GPU (fast), copied into tiles from host RAM: each tile then moves to the GPU that first
+        # works on it (with several GPUs, its place's), instead of every tile starting on the first GPU.
+        m.to("cpu")
     return init
 
 

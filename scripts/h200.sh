@@ -97,9 +97,14 @@ for step in "$@"; do
       fi
       bdir=/tmp/bench; rc=0; end=$(( $(date +%s) + ${BENCH_BUDGET:-420} ))  # seconds for all plans together
       IFS=';' read -ra plans <<< "${BENCH_ARGS:---backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024}"
-      for plan in "${plans[@]}"; do
-        # shellcheck disable=SC2086  # a plan is a list of arguments
-        python3 -m benchmarks.run $plan --out $bdir --budget $(( end - $(date +%s) )) 2>&1 | tee -a "$OUT/bench.log"
+      for plan in "${plans[@]}"; do  # a plan may start with VAR=value settings for its attempts
+        read -ra words <<< "$plan"; envs=()
+        while [ ${#words[@]} -gt 0 ] && [[ ${words[0]} == *=* && ${words[0]} != --* ]]; do
+          envs+=("${words[0]}"); words=("${words[@]:1}")
+        done
+        [ ${#envs[@]} -gt 0 ] && echo "env: ${envs[*]}" | tee -a "$OUT/bench.log"
+        env "${envs[@]}" python3 -m benchmarks.run "${words[@]}" --out $bdir --budget $(( end - $(date +%s) )) 2>&1 \
+          | tee -a "$OUT/bench.log"
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       done
       python3 -m benchmarks.report $bdir 2>&1 | tee -a "$OUT/bench.log"
