@@ -195,6 +195,9 @@ def wait_child(proc, timeout):
 
 def last_error_line(log_text):
     lines = [ln.strip() for ln in log_text.splitlines() if ln.strip()]
+    stalls = [ln for ln in lines if ln.startswith("nntile_torch: no StarPU task finished")]
+    if stalls:  # the runtime's stall report says more than the abort that follows it
+        return "stalled: " + stalls[-1][:490]
     for ln in reversed(lines):
         if re.search(r"(Error|Exception|error:|Killed|Aborted)", ln) and not ln.startswith("File "):
             return re.sub(r"^\[rank\d+\]:\s*", "", ln)[:500]

@@ -174,6 +174,10 @@ def setup_nntile(spec, cuda, rank, world):
     except Exception as e:  # any import failure means the backend is not here
         raise Unavailable(f"nntile_torch not importable: {type(e).__name__}: {e}") from e
     o = spec["nntile"]
+    # A stall (StarPU 1.3.10 failing to evict from a full memory node) ends the attempt after a minute, with
+    # the runtime's report of each memory node as the reason, instead of using up the whole --timeout.
+    os.environ.setdefault("STARPU_WATCHDOG_TIMEOUT", "60000000")
+    os.environ.setdefault("STARPU_WATCHDOG_CRASH", "1")
     if cuda and not nt._C.built_with_cuda:
         cuda = False
     nt.init(ncpus=o["ncpus"], ncuda=o["ncuda"] if cuda else 0, cuda_memory_limit=o["cuda_memory_limit"],

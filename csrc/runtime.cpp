@@ -15,8 +15,11 @@ extern "C" {
 #endif
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
+#include <iomanip>
 #include <mutex>
+#include <sstream>
 #include <vector>
 
 #include "common.h"
@@ -107,6 +110,34 @@ namespace {
 void apply_placement() {
     for (auto *cl : codelet_registry()) place(cl);
 }
+
+double gib(starpu_ssize_t bytes) { return (double)bytes / (1 << 30); }
+
+// StarPU's watchdog calls this when no task finished for STARPU_WATCHDOG_TIMEOUT while tasks are pending. On the
+// H200, GPT models that overfill the GPU (13B on one, 13B and 20B on two) stalled like that in StarPU 1.3.10
+// (its eviction of written tiles to host RAM, and an allocation in host RAM, never completed): say so, with
+// what each memory node holds, instead of hanging in silence.
+void report_stall(void *) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1) << "nntile_torch: no StarPU task finished for "
+       << std::atof(std::getenv("STARPU_WATCHDOG_TIMEOUT")) / 1e6 << " s (" << starpu_task_nsubmitted()
+       << " tasks pending, " << starpu_task_nready() << " ready). Memory nodes:";
+    for (unsigned n = 0; n < starpu_memory_nodes_get_count(); ++n) {
+        char name[64];
+        starpu_memory_node_get_name(n, name, sizeof name);
+        starpu_ssize_t total = starpu_memory_get_total(n), avail = starpu_memory_get_available(n);
+        os << " " << name;
+        if (total > 0)
+            os << " " << gib(total - avail) << " of " << gib(total) << " GiB used;";
+        else
+            os << " (no limit);";
+    }
+    os << " A memory node at its limit is StarPU 1.3.10 failing to evict (docs/DESIGN.md, 'Runtime and memory'): "
+          "use a smaller batch, AdamW(state_dtype=torch.bfloat16) or more GPUs. STARPU_WATCHDOG_CRASH=1 aborts "
+          "here instead of waiting; STARPU_WATCHDOG_TIMEOUT (microseconds) sets the delay.\n";
+    std::fputs(os.str().c_str(), stderr);
+    std::fflush(stderr);
+}
 }  // namespace
 
 void runtime_init(const RuntimeConfig &cfg) {
@@ -120,6 +151,10 @@ void runtime_init(const RuntimeConfig &cfg) {
     // A value the user sets in the environment wins.
     setenv("STARPU_MINIMUM_CLEAN_BUFFERS", "0", 0);
     setenv("STARPU_TARGET_CLEAN_BUFFERS", "0", 0);
+    // A stall is reported after 2 minutes (report_stall). StarPU 1.3 reads an unset STARPU_WATCHDOG_CRASH as -1
+    // and aborts: the default here is to report and keep waiting.
+    setenv("STARPU_WATCHDOG_TIMEOUT", "120000000", 0);
+    setenv("STARPU_WATCHDOG_CRASH", "0", 0);
     set_env_mib("STARPU_LIMIT_CUDA_MEM", cfg.cuda_memory_limit);
     set_env_mib("STARPU_LIMIT_CPU_MEM", cfg.host_memory_limit);
     starpu_conf conf;
@@ -134,6 +169,7 @@ void runtime_init(const RuntimeConfig &cfg) {
                                                        << (rc == -19 ? ": no worker available, check ncpus/ncuda" : "")
                                                        << ")");
     running = true;
+    starpu_task_watchdog_set_hook(report_stall, nullptr);
     if (cfg.cpu_tasks == 0 && starpu_cuda_worker_get_count() == 0) {
         runtime_shutdown(false);
         NNTILE_CHECK(false, "cpu_tasks=False needs a CUDA worker (none started)");

@@ -138,3 +138,11 @@ def test_nntile_meta_build_and_bf16_state_variant(tmp_path):
     assert n["env"]["init_device"] == "meta" and n["env"]["params_counted"] == n["params"]
     assert 5.0 < n["losses"][0] < 6.1 and all(math.isfinite(v) for v in n["losses"])
     assert t["status"] == "unavailable" and "nntile only" in t["reason"]
+
+
+def test_a_stall_report_is_the_reason_of_a_failed_attempt():
+    from benchmarks.run import last_error_line
+    log = ("setup: 8.0 s\nnntile_torch: no StarPU task finished for 60.0 s (812 tasks pending, 3 ready). Memory nodes: "
+           "NUMA 0 (no limit); CUDA 0 125.8 of 125.8 GiB used; ...\n[starpu][watchdog_func] Crashing the process\n")
+    assert last_error_line(log).startswith("stalled: nntile_torch: no StarPU task finished for 60.0 s")
+    assert last_error_line("x\nRuntimeError: boom\nmore") == "RuntimeError: boom"

@@ -157,3 +157,24 @@ def test_tiles_beyond_every_memory_node_raise_instead_of_hanging():
         assert float(more.materialize().sum()) == 1024 * 1024
     finally:
         nt.shutdown()
+
+
+def test_a_task_stalling_past_the_watchdog_is_reported_with_memory_nodes():
+    """When no task finishes for STARPU_WATCHDOG_TIMEOUT (default 2 minutes; here 0.2 s and one task of
+    seconds), the runtime says so on stderr with what each memory node holds, and the work still completes."""
+    import subprocess
+    import sys
+    code = (
+        "import torch, nntile_torch as nt\n"
+        "nt.init(ncpus=1, ncuda=0, host_memory_limit='2GiB')\n"
+        "lin = nt.nn.Linear(3072, 3072, bias=False, tile_size=3072, batch_tile_size=6144)\n"
+        "x = torch.randn(6144, 3072)\n"
+        "y = lin(x)\n"
+        "print('ok', abs(float(y.materialize().double().sum()) - float((x.double() @ lin.weight.materialize().double().T).sum())) < 1)\n")
+    env = dict(os.environ, STARPU_WATCHDOG_TIMEOUT="200000")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok True"
+    msg = [ln for ln in out.stderr.splitlines() if ln.startswith("nntile_torch: no StarPU task finished for 0.2 s")]
+    assert msg, out.stderr[-2000:]
+    assert "tasks pending" in msg[0] and "GiB used" in msg[0] and "of 2.0 GiB" in msg[0], msg[0]
