@@ -50,7 +50,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {
     "torch": ({"ckpt"}, ""),
     # stepbwd: AdamW(step_in_backward=True), gradients never all held; bf16state: AdamW(state_dtype=bfloat16)
-    "nntile": ({"ckpt", "stepbwd", "bf16state"}, ""),
+    # offload: AdamW(offload=--offload-fraction), those updates on CPU workers with their state in host RAM
+    "nntile": ({"ckpt", "stepbwd", "bf16state", "offload"}, ""),
     "fsdp": ({"offload", "ckpt"}, ""),
     "fsdp2": ({"offload", "ckpt"}, ""),
     "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),
@@ -239,7 +240,8 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
                 "nntile": {"tile_size": args.tile_size, "batch_tile_size": args.batch_tile_size, "ncpus": args.ncpus,
                            "ncuda": args.ncuda, "cuda_memory_limit": args.cuda_memory_limit,
                            "host_memory_limit": args.host_memory_limit, "disk_path": args.disk_path,
-                           "disk_limit": args.disk_limit, "scheduler": args.scheduler},
+                           "disk_limit": args.disk_limit, "scheduler": args.scheduler,
+                           "offload_fraction": args.offload_fraction},
                 "result": os.path.join(tmp, "result")}
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w") as f:
@@ -376,6 +378,9 @@ def parse_args(argv=None):
     g.add_argument("--disk-path", help="folder for a StarPU disk node")
     g.add_argument("--disk-limit", help="size of the disk node, e.g. 500GiB")
     g.add_argument("--scheduler", help="StarPU scheduler (default dmdas with GPUs, lws on CPUs)")
+    g.add_argument("--offload-fraction", type=float, default=1.0,
+                   help="variant offload: share of the weights whose AdamW runs on CPU workers with master weights "
+                        "and states in host RAM (default 1.0)")
     g = ap.add_argument_group("deepspeed")
     g.add_argument("--nvme-path", help="folder for the nvme variant's offload")
     g.add_argument("--ds-optimizer", default="auto", choices=["auto", "cpuadam", "torch"],

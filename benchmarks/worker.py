@@ -180,7 +180,10 @@ def setup_nntile(spec, cuda, rank, world):
     os.environ.setdefault("STARPU_WATCHDOG_CRASH", "1")
     if cuda and not nt._C.built_with_cuda:
         cuda = False
-    nt.init(ncpus=o["ncpus"], ncuda=o["ncuda"] if cuda else 0, cuda_memory_limit=o["cuda_memory_limit"],
+    ncpus = o["ncpus"]
+    if ncpus is None and cuda and "offload" in spec["flags"]:  # the offloaded updates need CPU workers
+        ncpus = max(1, (os.cpu_count() or 2) - torch.cuda.device_count() - 1)
+    nt.init(ncpus=ncpus, ncuda=o["ncuda"] if cuda else 0, cuda_memory_limit=o["cuda_memory_limit"],
             host_memory_limit=o["host_memory_limit"], disk_path=o["disk_path"], disk_limit=o["disk_limit"],
             scheduler=o["scheduler"])
     dev0 = init_device(spec, cuda)
@@ -202,7 +205,8 @@ def setup_nntile(spec, cuda, rank, world):
     counted = sum(p.numel() for p in model.parameters())
     opt = nt.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"],
                          step_in_backward="stepbwd" in spec["flags"],
-                         state_dtype=torch.bfloat16 if "bf16state" in spec["flags"] else torch.float32)
+                         state_dtype=torch.bfloat16 if "bf16state" in spec["flags"] else torch.float32,
+                         offload=o.get("offload_fraction", 1.0) if "offload" in spec["flags"] else None)
 
     def step(ids):
         opt.zero_grad()

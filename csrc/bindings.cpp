@@ -92,6 +92,8 @@ PYBIND11_MODULE(_C, m) {
         },
         py::arg("keep_data") = true);
     m.def("running", &runtime_running);
+    m.def("set_host_tasks", &set_host_tasks, py::arg("host"),
+          "While set, tasks this thread submits run on CPU workers; returns the previous setting");
     m.def("places", [] {
         std::vector<int> w;
         if (placement_count() > 1)
@@ -120,6 +122,20 @@ PYBIND11_MODULE(_C, m) {
         .def_property_readonly("version", &TileTensor::version)
         .def_property_readonly("name", &TileTensor::name)
         .def("same_tiling", &TileTensor::same_tiling)
+        .def(
+            "valid_nodes",
+            [](TileTensor &t) {
+                // Per tile, the StarPU memory nodes holding a valid copy (0 is host RAM): where tiles live.
+                std::vector<std::vector<unsigned>> out;
+                for (int64_t i = 0; i < t.ntiles(); ++i) {
+                    std::vector<unsigned> nodes;
+                    for (unsigned n = 0; n < starpu_memory_nodes_get_count(); ++n)
+                        if (starpu_data_is_on_node(t.handle(i), n)) nodes.push_back(n);
+                    out.push_back(nodes);
+                }
+                return out;
+            },
+            "per tile, the memory nodes with a valid copy (0: host RAM; GPUs after)")
         .def("from_dense", &TileTensor::from_dense, py::call_guard<py::gil_scoped_release>())
         .def("to_dense", &TileTensor::to_dense, py::arg("device") = py::none(),
              py::call_guard<py::gil_scoped_release>())

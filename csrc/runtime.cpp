@@ -93,6 +93,21 @@ OnWorker::OnWorker(int worker) : previous_(current_hint) { current_hint = worker
 OnWorker::~OnWorker() { current_hint = previous_; }
 int hinted_worker() { return current_hint; }
 
+namespace {
+thread_local bool host_tasks = false;
+}  // namespace
+
+bool set_host_tasks(bool host) {
+    bool previous = host_tasks;
+    host_tasks = host;
+    return previous;
+}
+
+unsigned long long hinted_where() {
+    // -1 leaves starpu_task::where unset, so StarPU takes the codelet's (runtime placement rules).
+    return host_tasks ? (unsigned long long)STARPU_CPU : (unsigned long long)-1;
+}
+
 bool cpu_tasks_allowed() {
     if (!running || config.cpu_tasks == 1) return true;
     if (config.cpu_tasks == 0) return false;

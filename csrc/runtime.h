@@ -54,6 +54,11 @@ class OnWorker {
     int previous_;
 };
 int hinted_worker();
+// While `host` is set, tasks this thread submits run on CPU workers (AdamW(offload=...) keeps those parameters'
+// master weights and states in host RAM that way). Returns the previous setting.
+bool set_host_tasks(bool host);
+// The STARPU_EXECUTE_WHERE of the next task: STARPU_CPU under set_host_tasks(true), else the codelet's own.
+unsigned long long hinted_where();
 
 // Called first thing in runtime_shutdown(), while StarPU still runs (tile tensors save and drop handles).
 void add_shutdown_hook(std::function<void(bool keep_data)> hook);

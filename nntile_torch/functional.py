@@ -4,6 +4,7 @@ import math
 import torch
 
 from . import _C
+from .runtime import host_tasks
 from .tensor import TileTensor
 
 
@@ -35,7 +36,11 @@ def weight_bf16(weight):
     version = weight.tiles.version
     cache = getattr(weight, "_bf16_cache", None)
     if cache is None or cache[0] != version:
-        cache = (version, to_bf16(weight.tiles))
+        if getattr(weight, "_nntile_host", False):  # AdamW(offload=...): the weight lives in host RAM
+            with host_tasks():
+                cache = (version, to_bf16(weight.tiles))
+        else:
+            cache = (version, to_bf16(weight.tiles))
         weight._bf16_cache = cache
     return cache[1]
 

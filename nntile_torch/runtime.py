@@ -1,5 +1,6 @@
 """Runtime lifetime: init/shutdown of StarPU with the project's defaults, info() and stats()."""
 import atexit
+import contextlib
 import os
 import re
 
@@ -160,6 +161,18 @@ def synchronize():
     """Waits for every submitted task (counted as a blocking wait)."""
     if _C.running():
         _C.wait_all()
+
+
+@contextlib.contextmanager
+def host_tasks():
+    """Tasks submitted inside run on CPU workers, so the tiles they write live in host RAM (AdamW(offload=...)
+    updates those parameters this way). Per thread."""
+    ensure_init()
+    previous = _C.set_host_tasks(True)
+    try:
+        yield
+    finally:
+        _C.set_host_tasks(previous)
 
 
 def num_places():

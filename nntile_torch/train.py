@@ -52,6 +52,9 @@ def parse_args(argv=None):
     ap.add_argument("--bf16-adam-state", action="store_true",
                     help="keep AdamW's moments in bf16 with stochastic rounding (AdamW(state_dtype=torch.bfloat16): "
                          "4 bytes per parameter less, not bitwise torch's AdamW)")
+    ap.add_argument("--offload", type=float, default=0.0,
+                    help="share of the weights (0-1) whose AdamW runs on CPU workers with master weights and states "
+                         "in host RAM (AdamW(offload=...)); with a GPU, the other cores become CPU workers")
     ap.add_argument("--warmup", type=int, default=20, help="linear learning-rate warm-up steps")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--tile-size", type=int,
@@ -201,7 +204,10 @@ def print_deviations(devs):
 def main(argv=None):
     args = parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() and nt._C.built_with_cuda else "cpu")
-    nt.init(cuda_memory_limit=args.cuda_memory_limit, host_memory_limit=args.host_memory_limit)
+    ncpus = None
+    if args.offload and device == "cuda":  # the offloaded updates run on CPU workers: all cores but the GPUs'
+        ncpus = max(1, (os.cpu_count() or 2) - torch.cuda.device_count() - 1)
+    nt.init(ncpus=ncpus, cuda_memory_limit=args.cuda_memory_limit, host_memory_limit=args.host_memory_limit)
     ref = build_model(args, device)
     torch_model = copy.deepcopy(ref) if args.compare_torch else None
     fp64_model = copy.deepcopy(ref).double() if args.compare_fp64 else None
@@ -211,7 +217,8 @@ def main(argv=None):
                            args.batch, args.seq, device == "cuda", nt.runtime.num_places()))
     opt = nt.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                          step_in_backward=args.step_in_backward,
-                         state_dtype=torch.bfloat16 if args.bf16_adam_state else torch.float32)
+                         state_dtype=torch.bfloat16 if args.bf16_adam_state else torch.float32,
+                         offload=args.offload or None)
     references = []  # (log key, model, loss function, optimizer): unconverted models trained on the same batches
     for key, ref_model, loss_fn in (("torch_loss", torch_model, hf_loss), ("fp64_loss", fp64_model, float64_loss)):
         if ref_model is not None:

@@ -15,7 +15,7 @@ nvcc_bin=$(command -v nvcc || true)
 want_cuda=no; [ -n "$nvcc_bin" ] && want_cuda=yes
 
 # What the build was made with; a prefix built otherwise (or by an older version of this script) is rebuilt.
-build_id="cuda=$want_cuda maxcpus=128 maxcudadev=8 v2"
+build_id="cuda=$want_cuda maxcpus=128 maxcudadev=8 v3"  # v3: host memory size patch (scripts/patch_starpu.py)
 stamp="$prefix/.nntile_build"
 if [ -f "$stamp" ] && grep -qx "$build_id" "$stamp" && [ -f "$prefix/lib/pkgconfig/starpu-1.3.pc" ]; then
   echo "StarPU already installed in $prefix ($build_id)"
@@ -47,8 +47,8 @@ else
   src=$STARPU_SRC
 fi
 
+python3 "$here/patch_starpu.py" "$src"
 if [ "$want_cuda" = yes ]; then
-  python3 "$here/patch_starpu_cuda13.py" "$src"
   cuda_dir=$(dirname "$(dirname "$(readlink -f "$nvcc_bin")")")
   cuda_flags=(--enable-cuda --enable-maxcudadev=8 --with-cuda-dir="$cuda_dir")
   # A CUDA toolkit without cuBLAS (nvcc alone): take cuBLAS from the nvidia-cublas wheel that torch brings.

@@ -1,6 +1,7 @@
 """nntile_torch.optim.AdamW against torch.optim.AdamW: 20 steps of losses and weights, param groups,
 state_dict interchange and resume."""
 import copy
+import warnings
 
 import pytest
 import torch
@@ -249,3 +250,43 @@ def test_bf16_state_dict_round_trip(device):
     assert train(ours, opt, data[3:]) == train(twin, opt_b, data[3:])
     with pytest.raises(ValueError, match="state_dtype"):
         nt.optim.AdamW(ours.parameters(), state_dtype=torch.float16)
+
+
+def test_offload_gives_the_same_updates_with_state_in_host_ram(device):
+    """AdamW(offload=...): the chosen parameters are updated by CPU workers (their states live in host RAM,
+    memory node 0) and the others where they were; the updates are those of AdamW without offload (bit for bit
+    on CPUs; on a GPU up to the CPU and GPU kernels' float rounding)."""
+    ours, _ = models(device)
+    twin = copy.deepcopy(ours)
+    opt = nt.optim.AdamW(ours.parameters(), lr=1e-2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # few CPU workers beside a GPU: a speed warning
+        opt_h = nt.optim.AdamW(twin.parameters(), lr=1e-2, offload=0.5)
+    host = [p for p in twin.parameters() if p in opt_h._host]
+    assert 0 < len(host) < len(list(twin.parameters()))
+    assert sum(p.numel() for p in host) >= 0.5 * sum(p.numel() for p in twin.parameters())
+    data = batches(5, device)
+    assert train(ours, opt, data) == pytest.approx(train(twin, opt_h, data), rel=1e-6)
+    for a, b in zip(ours.parameters(), twin.parameters()):
+        if device == "cpu":
+            assert torch.equal(a.materialize(), b.materialize())
+        else:
+            assert norm_err(a.materialize(), b.materialize()) <= 1e-6 * a.materialize().norm().item()
+    nt.synchronize()
+    for p in twin.parameters():
+        nodes = opt_h.state[p]["exp_avg"].tiles.valid_nodes()
+        if p in opt_h._host:
+            assert all(n == [0] for n in nodes), nodes
+        elif device != "cpu":
+            assert all(0 not in n for n in nodes), nodes  # updated on the GPU, never copied back
+
+
+def test_offload_arguments():
+    ours, _ = models("cpu")
+    with pytest.raises(ValueError, match="fraction"):
+        nt.optim.AdamW(ours.parameters(), offload=1.5)
+    with pytest.raises(ValueError, match="does not update"):
+        nt.optim.AdamW(ours[0].parameters(), offload=list(ours[2].parameters()))
+    assert nt.optim.AdamW(ours.parameters(), offload=0)._host == set()
+    every = nt.optim.AdamW(ours.parameters(), offload=1.0)
+    assert every._host == set(ours.parameters()) and all(p._nntile_host for p in ours.parameters())

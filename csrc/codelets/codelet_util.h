@@ -98,8 +98,10 @@ Args *cl_args(const Args &a) {
 #define NNTILE_CUDA_IMPL(f) nullptr
 #endif
 
-// starpu_task_insert with the placement hint of the submitting thread (runtime.h: OnWorker).
-#define NNTILE_TASK_INSERT(cl, ...) starpu_task_insert(cl, STARPU_EXECUTE_ON_WORKER, hinted_worker(), __VA_ARGS__)
+// starpu_task_insert with the placement hints of the submitting thread (runtime.h: OnWorker, set_host_tasks).
+#define NNTILE_TASK_INSERT(cl, ...)                                                                         \
+    starpu_task_insert(cl, STARPU_EXECUTE_ON_WORKER, hinted_worker(), STARPU_EXECUTE_WHERE, hinted_where(), \
+                       __VA_ARGS__)
 
 template <class Args>
 inline const Args &args_of(starpu_task *task) {

@@ -1,7 +1,10 @@
 """nntile_torch.optim.AdamW: torch.optim.AdamW's semantics, the update as one task per parameter tile."""
 import torch
 
+import warnings
+
 from .. import _C
+from ..runtime import host_tasks, info
 from ..tensor import TileTensor
 
 
@@ -35,16 +38,22 @@ class AdamW(torch.optim.Optimizer):
     not fit this mode. The updates are the same as step()'s, bit for bit.
 
     state_dtype=torch.bfloat16: exp_avg and exp_avg_sq of tile parameters are kept in bf16 (4 bytes per
-    parameter instead of 8: 12 -> 10 bytes per parameter with bf16 weight copies and step_in_backward). Each
+    parameter instead of 8: 14 -> 10 bytes per parameter with bf16 weight copies and step_in_backward). Each
     step computes them in fp32 from their bf16 values and updates the weight with those fp32 values, then
     stores them rounded stochastically (up or down with the probabilities that make the rounding unbiased, from
     a hash of the parameter, step, tile and element: the same on any device), because round-to-nearest would
     drop exp_avg_sq's updates (beta2 = 0.999 moves it by 0.1%, bf16's spacing is 0.4%). Not bitwise torch's
     AdamW any more: tests/test_adamw.py bounds how far the trajectory drifts. Plain tensor parameters keep fp32.
+
+    offload (a fraction of the tile parameters' elements, taken in parameter order, or the parameters
+    themselves): those parameters are updated by CPU workers, so their fp32 master weights and states live in host
+    RAM, and their bf16 copies are made there too; GPUs only receive the bf16 copy and send back the gradient
+    (ZeRO-Offload's split). For models whose weights and states do not fit in GPU memory, without relying on
+    StarPU to evict them from a full GPU. Needs CPU workers (nt.init(ncpus=...)); same updates as without.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, amsgrad=False,
-                 maximize=False, step_in_backward=False, state_dtype=torch.float32):
+                 maximize=False, step_in_backward=False, state_dtype=torch.float32, offload=None):
         if not isinstance(lr, (int, float)) or lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr!r} (must be a float >= 0)")
         if not isinstance(eps, (int, float)) or eps < 0.0:
@@ -66,6 +75,37 @@ class AdamW(torch.optim.Optimizer):
         self._hooks = []
         self._seeds = {}  # parameter -> its index in the groups: the stochastic rounding's seed
         super().__init__(params, defaults)
+        self._host = self._offloaded(offload)
+        for p in self._host:
+            p._nntile_host = True  # functional.weight_bf16 makes its bf16 copy on the CPU as well
+
+    def _offloaded(self, offload):
+        tiled = [p for g in self.param_groups for p in g["params"]
+                 if isinstance(p, TileTensor) and p.dtype == torch.float32]
+        if offload is None or (not isinstance(offload, bool) and isinstance(offload, (int, float)) and offload == 0):
+            return set()
+        if isinstance(offload, bool) or not isinstance(offload, (int, float)):
+            chosen = set(offload)
+            stray = [p for p in chosen if not any(p is q for q in tiled)]
+            if stray:
+                raise ValueError("offload= names parameters this optimizer does not update as tiles "
+                                 f"({len(stray)} of {len(chosen)})")
+        else:
+            if not 0 < offload <= 1:
+                raise ValueError(f"offload must be a fraction in (0, 1] or parameters (got {offload!r})")
+            total, chosen, taken = sum(p.numel() for p in tiled), set(), 0
+            for p in tiled:
+                if taken >= offload * total:
+                    break
+                chosen.add(p)
+                taken += p.numel()
+        workers = info().get("workers") or {}
+        if chosen and workers.get("cpu", 0) == 0:
+            raise ValueError("offload= needs CPU workers to run the updates (nt.init(ncpus=...))")
+        if chosen and workers.get("cuda", 0) > 0 and workers.get("cpu", 0) < 4:
+            warnings.warn(f"AdamW(offload=...) updates {len(chosen)} parameters on {workers.get('cpu')} CPU "
+                          "worker(s); nt.init(ncpus=...) with more makes the step faster", stacklevel=3)
+        return chosen
 
     def add_param_group(self, param_group):
         super().add_param_group(param_group)
@@ -107,8 +147,13 @@ class AdamW(torch.optim.Optimizer):
         state["step"] = state["step"] + 1  # not in place: a loaded state_dict may share the tensor
         step = int(state["step"].item())
         if isinstance(p, TileTensor) and p.dtype == torch.float32:
-            self._tile_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step,
-                            self.state_dtype, self._seeds[p])
+            args = (p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step, self.state_dtype,
+                    self._seeds[p])
+            if p in self._host:
+                with host_tasks():
+                    self._tile_step(*args)
+            else:
+                self._tile_step(*args)
         else:
             self._dense_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step)
 
