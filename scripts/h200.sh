@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (through the device tool): installs the StarPU prefix carried in .carry/starpu, builds
-# the extension against the machine's torch, then runs what is asked: tests, gemm, linear, ab (benchmarks), train (main job), mlp,
-# bench (the benchmark harness, plan in BENCH_ARGS).
+# the extension against the machine's torch, then runs what is asked: tests, gputests, nodes (memory as StarPU sees
+# it), gemm, linear, ab (benchmarks), train (main job), mlp, profile, multigpu, bench (the harness, plans in BENCH_ARGS).
 # Logs go to $OUT.
 #   bash scripts/h200.sh tests gemm
 # Prepare the carry here first: bash scripts/prepare_carry.sh
@@ -71,6 +71,10 @@ for step in "$@"; do
         echo "rc=$?" >>"$OUT/profile.log"
         grep -E "^step|^profiled|^\{" "$OUT/profile.log" | tail -8
       done; rc=0 ;;
+    nodes)  # memory as the OS, the NUMA nodes (what hwloc reads) and StarPU's memory nodes see it
+      { free -b | head -2; grep -h MemTotal /sys/devices/system/node/node*/meminfo
+        python3 -c "import nntile_torch as nt; nt.init(); [print(n) for n in nt.info()['memory_nodes']]"
+      } 2>&1 | tee "$OUT/nodes.log"; rc=${PIPESTATUS[0]} ;;
     gemm) python3 -m benchmarks.gemm --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | tail -30; rc=${PIPESTATUS[0]} ;;
     linear) for prec in bf16 tf32; do
               python3 -m benchmarks.linear --precision $prec --out "$OUT/linear_$prec.json" 2>&1 | tee -a "$OUT/linear.log" | tail -3
