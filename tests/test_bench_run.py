@@ -130,11 +130,12 @@ def test_backend_and_variant_parsing():
 
 def test_nntile_meta_build_and_bf16_state_variant(tmp_path):
     """--init-device meta (what large models get on a GPU): built module by module into tiles with Hugging
-    Face's init; bf16state: AdamW with bf16 moments. Trains from about ln(vocab); other backends refuse meta."""
-    harness("benchmarks.run", "--backend", "nntile:stepbwd+bf16state,torch", *TINY, "--init-device", "meta",
-            "--out", str(tmp_path), cwd=tmp_path)
+    Face's init; bf16state: AdamW with bf16 moments; offload: those updates on CPU workers. Trains from about
+    ln(vocab); other backends refuse meta."""
+    harness("benchmarks.run", "--backend", "nntile:stepbwd+bf16state+offload,torch", *TINY, "--init-device", "meta",
+            "--offload-fraction", "0.5", "--out", str(tmp_path), cwd=tmp_path)
     n, t = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
-    assert (n["backend"], n["variant"], n["status"]) == ("nntile", "bf16state+stepbwd", "ok"), n["reason"]
+    assert (n["backend"], n["variant"], n["status"]) == ("nntile", "bf16state+offload+stepbwd", "ok"), n["reason"]
     assert n["env"]["init_device"] == "meta" and n["env"]["params_counted"] == n["params"]
     assert 5.0 < n["losses"][0] < 6.1 and all(math.isfinite(v) for v in n["losses"])
     assert t["status"] == "unavailable" and "nntile only" in t["reason"]
