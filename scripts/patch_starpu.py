@@ -1,7 +1,7 @@
 """Patches StarPU 1.3.10's sources:
 1. its CUDA driver for CUDA 13, which removed cudaDeviceProp::computeMode and the legacy cublas.h API;
 2. the size of host RAM as a memory node: StarPU takes hwloc's total of the NUMA nodes, which on virtual machines
-   can miss much of the RAM (seen: NUMA node 0 holding 14 of a 24 GiB machine's RAM), and then stalls once its
+   can miss much of the RAM (seen: NUMA node 0 reading 14 of a 24 GiB machine's RAM at start, the full 24.7 later), and then stalls once its
    tiles in host RAM reach that figure (writing them, or evicting a full GPU into host RAM, waits forever).
    The patched StarPU takes the larger of hwloc's total and the physical memory (sysconf).
 Idempotent: an already patched tree is left as it is."""

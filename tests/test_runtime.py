@@ -182,7 +182,7 @@ def test_a_task_stalling_past_the_watchdog_is_reported_with_memory_nodes():
 
 def test_host_memory_node_is_the_machines_ram():
     """Without a host limit StarPU's host node has the machine's physical RAM. Unpatched StarPU 1.3.10 takes
-    hwloc's NUMA-node total, which on virtual machines can be far less (14 of 24 GiB on the CI machine), and
+    hwloc's NUMA-node total, which on virtual machines can be far less (14 of 24 GiB on the CI machine at one time), and
     then stalls once its tiles in host RAM reach it (scripts/patch_starpu.py)."""
     import subprocess
     import sys
