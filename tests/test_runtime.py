@@ -192,3 +192,16 @@ def test_host_memory_node_is_the_machines_ram():
     assert out.returncode == 0, out.stderr[-2000:]
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     assert int(out.stdout.split()[-1]) >= physical, (out.stdout, physical)
+
+
+def test_host_tasks_nest_and_restore():
+    from nntile_torch import _C
+    with nt.runtime.host_tasks():
+        with nt.runtime.host_tasks():
+            assert _C.set_host_tasks(True) is True  # set inside: still on
+        assert _C.set_host_tasks(True) is True  # the inner block restored "on"
+    assert _C.set_host_tasks(False) is False  # the outer block restored "off"
+    t = nt.TileTensor.from_dense(torch.arange(6.0), (4,))
+    with nt.runtime.host_tasks():
+        u = t + t  # a task submitted under the hint runs (on a CPU worker) and gives the same values
+    assert torch.equal(u.materialize(), 2 * torch.arange(6.0))
