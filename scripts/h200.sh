@@ -112,8 +112,8 @@ for step in "$@"; do
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
       done
       python3 -m benchmarks.report $bdir 2>&1 | tee -a "$OUT/bench.log"
-      cp $bdir/results.md "$OUT/" 2>/dev/null
-      tar czf "$OUT/bench.tgz" -C $bdir . ;;  # results.jsonl, results.md, plots, one log per attempt
+      # results.jsonl, results.md, plots, one log per attempt (one file: the device returns 8 at most)
+      tar czf "$OUT/bench.tgz" -C $bdir . ;;
     mlp) python3 -m nntile_torch.examples.mlp --steps 100 --out "$OUT/mlp" 2>&1 | tr '\r' '\n' | tail -3; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
