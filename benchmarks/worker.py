@@ -182,7 +182,7 @@ def setup_nntile(spec, cuda, rank, world):
         cuda = False
     ncpus = o["ncpus"]
     if ncpus is None and cuda and "offload" in spec["flags"]:  # the offloaded updates need CPU workers
-        ncpus = max(1, (os.cpu_count() or 2) - torch.cuda.device_count() - 1)
+        ncpus = nt.config.cpu_workers_beside_gpus()
     nt.init(ncpus=ncpus, ncuda=o["ncuda"] if cuda else 0, cuda_memory_limit=o["cuda_memory_limit"],
             host_memory_limit=o["host_memory_limit"], disk_path=o["disk_path"], disk_limit=o["disk_limit"],
             scheduler=o["scheduler"])
@@ -199,7 +199,9 @@ def setup_nntile(spec, cuda, rank, world):
                                                             nt.runtime.num_places())
     dense = build_model(spec, dev0)
     kw = dict(precision=spec["precision"], tile_size=tile, batch_tile_size=btile)
-    model = nt.convert(dense, init=hf_init(dense), init_device=device, **kw) if dev0 == "meta" else nt.convert(dense, **kw)
+    if dev0 == "meta":
+        kw.update(init=hf_init(dense), init_device=device)
+    model = nt.convert(dense, **kw)
     if cuda:
         torch.cuda.empty_cache()  # the dense weights are gone; give their memory back to the device
     counted = sum(p.numel() for p in model.parameters())

@@ -134,8 +134,9 @@ double gib(starpu_ssize_t bytes) { return (double)bytes / (1 << 30); }
 // what each memory node holds, instead of hanging in silence.
 void report_stall(void *) {
     std::ostringstream os;
+    const char *timeout = std::getenv("STARPU_WATCHDOG_TIMEOUT");
     os << std::fixed << std::setprecision(1) << "nntile_torch: no StarPU task finished for "
-       << std::atof(std::getenv("STARPU_WATCHDOG_TIMEOUT")) / 1e6 << " s (" << starpu_task_nsubmitted()
+       << (timeout ? std::atof(timeout) / 1e6 : 0.0) << " s (" << starpu_task_nsubmitted()
        << " tasks pending, " << starpu_task_nready() << " ready). Memory nodes:";
     for (unsigned n = 0; n < starpu_memory_nodes_get_count(); ++n) {
         char name[64];

@@ -1,4 +1,7 @@
 """Project-wide defaults."""
+import os
+
+import torch
 
 # Tile edge in elements for weight dimensions: 1024 x 1024 fp32 is a 4 MiB tile, the size from which the H200
 # box's PCIe runs near full speed.
@@ -6,6 +9,12 @@ DEFAULT_TILE_SIZE = 1024
 # Rows (batch x sequence positions) per activation tile.
 DEFAULT_BATCH_TILE_SIZE = 1024
 PRECISIONS = ("fp32", "tf32", "bf16")
+
+
+def cpu_workers_beside_gpus():
+    """CPU workers to start next to the GPUs when CPU tasks are wanted (AdamW(offload=...)): every core but one
+    per GPU driver thread and one for the submitting thread."""
+    return max(1, (os.cpu_count() or 2) - torch.cuda.device_count() - 1)
 
 
 def rows_per_tile(batch, seq, cuda, places=1):

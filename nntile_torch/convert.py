@@ -103,7 +103,8 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
                 _check_dense_float32(full, child)
                 plan.append((m, cname, child))
     _check_meta(model, plan, init)
-    home = _home_device(init_device)
+    meta_plan = any(p.is_meta for _, _, m in plan for p in m.parameters(recurse=False))
+    home = _home_device(init_device) if meta_plan else None  # only meta modules need one
     keep = []
     for parent, cname, old in plan:
         ids = {pname: id(p) for pname, p in old.named_parameters(recurse=False)}

@@ -1,4 +1,5 @@
 """Autograd Functions whose forward and backward submit tile tasks (no waits)."""
+import contextlib
 import math
 
 import torch
@@ -36,10 +37,8 @@ def weight_bf16(weight):
     version = weight.tiles.version
     cache = getattr(weight, "_bf16_cache", None)
     if cache is None or cache[0] != version:
-        if getattr(weight, "_nntile_host", False):  # AdamW(offload=...): the weight lives in host RAM
-            with host_tasks():
-                cache = (version, to_bf16(weight.tiles))
-        else:
+        # AdamW(offload=...): the weight lives in host RAM, and so does its bf16 copy
+        with host_tasks() if getattr(weight, "_nntile_host", False) else contextlib.nullcontext():
             cache = (version, to_bf16(weight.tiles))
         weight._bf16_cache = cache
     return cache[1]

@@ -206,7 +206,7 @@ def main(argv=None):
     device = args.device or ("cuda" if torch.cuda.is_available() and nt._C.built_with_cuda else "cpu")
     ncpus = None
     if args.offload and device == "cuda":  # the offloaded updates run on CPU workers: all cores but the GPUs'
-        ncpus = max(1, (os.cpu_count() or 2) - torch.cuda.device_count() - 1)
+        ncpus = nt.config.cpu_workers_beside_gpus()
     nt.init(ncpus=ncpus, cuda_memory_limit=args.cuda_memory_limit, host_memory_limit=args.host_memory_limit)
     ref = build_model(args, device)
     torch_model = copy.deepcopy(ref) if args.compare_torch else None

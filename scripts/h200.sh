@@ -32,6 +32,13 @@ else
   mkdir -p "$OUT/prebuilt/$key" && strip --strip-debug -o "$OUT/prebuilt/$key/$so" "nntile_torch/$so"
   echo "build: $(( $(date +%s) - t0 )) s (kept as prebuilt $key)"
 fi
+# "A=1 B=2 --x y" -> envs=(A=1 B=2), words=(--x y): a run's own environment settings, then its arguments.
+split_env() {
+  read -ra words <<< "$1"; envs=()
+  while [ ${#words[@]} -gt 0 ] && [[ ${words[0]} == *=* && ${words[0]} != --* ]]; do
+    envs+=("${words[0]}"); words=("${words[@]:1}")
+  done
+}
 status=0
 for step in "$@"; do
   t0=$(date +%s)
@@ -62,10 +69,7 @@ for step in "$@"; do
       IFS=';' read -ra runs <<< "${PROFILE_ARGS:---config xl}"; i=0
       for r in "${runs[@]}"; do
         i=$((i + 1)); echo "== profile $i: $r" | tee -a "$OUT/profile.log"
-        read -ra words <<< "$r"; envs=()
-        while [ ${#words[@]} -gt 0 ] && [[ ${words[0]} == *=* && ${words[0]} != --* ]]; do
-          envs+=("${words[0]}"); words=("${words[@]:1}")
-        done
+        split_env "$r"
         env STARPU_WORKER_STATS=1 STARPU_BUS_STATS=1 "${envs[@]}" timeout "${PROFILE_TIMEOUT:-200}" \
           python3 -m benchmarks.profile_step "${words[@]}" --out "$OUT/profile_$i.json" >>"$OUT/profile.log" 2>&1
         echo "rc=$?" >>"$OUT/profile.log"
@@ -102,10 +106,7 @@ for step in "$@"; do
       bdir=/tmp/bench; rc=0; end=$(( $(date +%s) + ${BENCH_BUDGET:-420} ))  # seconds for all plans together
       IFS=';' read -ra plans <<< "${BENCH_ARGS:---backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024}"
       for plan in "${plans[@]}"; do  # a plan may start with VAR=value settings for its attempts
-        read -ra words <<< "$plan"; envs=()
-        while [ ${#words[@]} -gt 0 ] && [[ ${words[0]} == *=* && ${words[0]} != --* ]]; do
-          envs+=("${words[0]}"); words=("${words[@]:1}")
-        done
+        split_env "$plan"
         [ ${#envs[@]} -gt 0 ] && echo "env: ${envs[*]}" | tee -a "$OUT/bench.log"
         env "${envs[@]}" python3 -m benchmarks.run "${words[@]}" --out $bdir --budget $(( end - $(date +%s) )) 2>&1 \
           | tee -a "$OUT/bench.log"

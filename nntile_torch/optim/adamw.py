@@ -1,6 +1,7 @@
 """nntile_torch.optim.AdamW: torch.optim.AdamW's semantics, the update as one task per parameter tile."""
 import torch
 
+import contextlib
 import warnings
 
 from .. import _C
@@ -82,9 +83,10 @@ class AdamW(torch.optim.Optimizer):
     def _offloaded(self, offload):
         tiled = [p for g in self.param_groups for p in g["params"]
                  if isinstance(p, TileTensor) and p.dtype == torch.float32]
-        if offload is None or (not isinstance(offload, bool) and isinstance(offload, (int, float)) and offload == 0):
+        fraction = isinstance(offload, (int, float)) and not isinstance(offload, bool)
+        if offload is None or (fraction and offload == 0):
             return set()
-        if isinstance(offload, bool) or not isinstance(offload, (int, float)):
+        if not fraction:
             chosen = set(offload)
             stray = [p for p in chosen if not any(p is q for q in tiled)]
             if stray:
@@ -147,13 +149,9 @@ class AdamW(torch.optim.Optimizer):
         state["step"] = state["step"] + 1  # not in place: a loaded state_dict may share the tensor
         step = int(state["step"].item())
         if isinstance(p, TileTensor) and p.dtype == torch.float32:
-            args = (p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step, self.state_dtype,
-                    self._seeds[p])
-            if p in self._host:
-                with host_tasks():
-                    self._tile_step(*args)
-            else:
-                self._tile_step(*args)
+            with host_tasks() if p in self._host else contextlib.nullcontext():
+                self._tile_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step,
+                                self.state_dtype, self._seeds[p])
         else:
             self._dense_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step)
 
