@@ -50,7 +50,7 @@ def throughput_table(rows):
             "| MFU | step s | peak GPU GiB | peak host GiB | loss |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in sorted(rows, key=lambda r: (r["params"], r["precision"], r["backend"], r["variant"])):
-        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {(r.get('reason') or '')[:80]}"
+        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {(r.get('reason') or '')[:120]}"
         lines.append(f"| {r['config']} | {fmt_params(r['params'])} | {r['backend']} | {r['variant']} | "
                      f"{r['precision']} | {r['gpus']} | {r['batch']} x {r['seq']} | {status.replace('|', '/')} | "
                      f"{_f(r, 'tokens_per_s', ',.0f')} | {_f(r, 'tflops', '.1f')} | {_f(r, 'mfu', '.2f')} | "

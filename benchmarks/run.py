@@ -205,6 +205,43 @@ def last_error_line(log_text):
     return lines[-1][:500] if lines else "no output"
 
 
+def log_progress(log_text):
+    """What an attempt got done before it ended, from the worker's progress lines: setup seconds, and the time and
+    loss of each step (warm-up included), so that a timeout or a crash still says how far it came and how fast."""
+    setup = re.findall(r"^setup: ([0-9.]+) s", log_text, re.M)
+    steps = re.findall(r"^step \d+: ([0-9.]+) s, loss ([0-9.eE+-]+|nan|inf)", log_text, re.M)
+    gpu = re.findall(r"^step \d+: .*peak GPU ([0-9.]+) GiB", log_text, re.M)
+    return {"setup_s": float(setup[-1]) if setup else None, "step_times": [float(t) for t, _ in steps],
+            "losses": [float(v) for _, v in steps],
+            "peak_gpu_bytes": int(float(gpu[-1]) * GiB) if gpu else None}
+
+
+def progress_words(prog):
+    """'setup 52 s, 3 steps (last 48.1 s)' from log_progress(), or '' when nothing started."""
+    words = []
+    if prog["setup_s"] is not None:
+        words.append(f"setup {prog['setup_s']:.0f} s")
+    n = len(prog["step_times"])
+    if n:
+        words.append(f"{n} step{'s' if n > 1 else ''} (last {prog['step_times'][-1]:.1f} s)")
+    elif prog["setup_s"] is not None:
+        words.append("no step finished")
+    return ", ".join(words)
+
+
+def signal_reason(rc):
+    """'killed by signal 11 (SIGSEGV)' for a child that a signal ended, else None."""
+    if rc is None or rc >= 0:
+        return None
+    try:
+        name = signal.Signals(-rc).name
+    except ValueError:
+        name = "unknown signal"
+    hint = {"SIGKILL": ", out of host memory?", "SIGSEGV": ", a crash in native code",
+            "SIGABRT": ", an abort in native code"}.get(name, "")
+    return f"killed by signal {-rc} ({name}{hint})"
+
+
 def precheck(a, cpu_only, args, world):
     """Why the attempt cannot run here, found without starting it (the worker checks again), or None."""
     flags = a["variant"].split("+")
@@ -283,8 +320,11 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
     with open(log_path, errors="replace") as f:
         log_text = f.read()
     rec["returncode"] = rc
+    prog = log_progress(log_text)
+    done = progress_words(prog)
     if timed_out:
-        rec.update(status="error", reason=f"timeout after {a['timeout']:.0f} s")
+        rec.update(status="error", reason=f"timeout after {a['timeout']:.0f} s" + (f": {done}" if done else ""))
+        rec.update(prog, peak_host_bytes=tree_rss)
     elif ranks:
         first = ranks[0]
         bad = [r for r in ranks if r["status"] != "ok"]
@@ -304,9 +344,9 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
             rec.update(status="error", reason=last_error_line(log_text))
     else:  # the child died before writing a result: killed (OOM killer: signal 9) or crashed
         killed = rc == -9 or re.search(r"(exitcode\s*:\s*-9|Signal 9 \(SIGKILL\)|SIGKILL)", log_text)
-        rec.update(status="oom" if killed else "error",
-                   reason=("killed by signal 9 (out of host memory?)" if killed else last_error_line(log_text)))
-        rec["peak_host_bytes"] = tree_rss
+        reason = signal_reason(-9 if killed else rc) or last_error_line(log_text)
+        rec.update(status="oom" if killed else "error", reason=reason + (f" after {done}" if done else ""))
+        rec.update(prog, peak_host_bytes=tree_rss)
     if rec["status"] == "ok" and rec.get("step_s"):
         tokens = args.batch * args.seq
         rec["tokens_per_s"] = tokens / rec["step_s"]

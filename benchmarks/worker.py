@@ -437,7 +437,10 @@ def run_attempt(spec, rank, world):
             sync()
             times.append(time.perf_counter() - t)
             losses.append(value)
-            print(f"step {s}: {times[-1]:.3f} s, loss {value:.4f}", flush=True)
+            # Memory so far on every line: an attempt that is killed later still tells the harness its peaks.
+            mem = f", peak GPU {monitor.peak / 2**30:.1f} GiB" if monitor is not None else ""
+            host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+            print(f"step {s}: {times[-1]:.3f} s, loss {value:.4f}{mem}, peak host {host:.1f} GiB", flush=True)
         if world > 1:
             import torch.distributed as dist
             t = torch.tensor(losses, dtype=torch.float64, device=device)

@@ -147,3 +147,19 @@ def test_a_stall_report_is_the_reason_of_a_failed_attempt():
            "NUMA 0 (no limit); CUDA 0 125.8 of 125.8 GiB used; ...\n[starpu][watchdog_func] Crashing the process\n")
     assert last_error_line(log).startswith("stalled: nntile_torch: no StarPU task finished for 60.0 s")
     assert last_error_line("x\nRuntimeError: boom\nmore") == "RuntimeError: boom"
+
+
+def test_a_failed_attempt_keeps_how_far_it_came():
+    from benchmarks.run import log_progress, progress_words, signal_reason
+    log = ("cmd\n{}\nsetup: 87.2 s (weights built on meta)\n[transformers] note\nstep 0: 6.705 s, loss 11.8470\n"
+           "step 1: 58.483 s, loss 11.9506, peak GPU 130.2 GiB, peak host 40.0 GiB\nstep 2: 49.952 s, loss nan\n")
+    prog = log_progress(log)
+    assert prog["setup_s"] == 87.2 and prog["step_times"] == [6.705, 58.483, 49.952]
+    assert prog["losses"][:2] == [11.847, 11.9506] and math.isnan(prog["losses"][2])
+    assert prog["peak_gpu_bytes"] == int(130.2 * 2**30)
+    assert progress_words(prog) == "setup 87 s, 3 steps (last 50.0 s)"
+    assert progress_words(log_progress("setup: 3.0 s\n")) == "setup 3 s, no step finished"
+    assert progress_words(log_progress("Traceback\n")) == ""
+    assert signal_reason(-11) == "killed by signal 11 (SIGSEGV, a crash in native code)"
+    assert signal_reason(-9).startswith("killed by signal 9 (SIGKILL, out of host memory?")
+    assert signal_reason(1) is None and signal_reason(0) is None and signal_reason(None) is None
