@@ -1,7 +1,11 @@
 // StarPU start-up and shutdown with the project's defaults, memory limits and optional disk node.
 #include "runtime.h"
 
+#include <execinfo.h>
 #include <omp.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 // StarPU 1.3's starpu_disk.h lacks its own extern "C" guard (starpu.h includes it outside its own), so it must
 // be seen first, inside one.
 extern "C" {
@@ -50,6 +54,64 @@ void set_env_mib(const char *name, int64_t bytes) {
 // StarPU's CPU workers each run one task at a time; BLAS inside a task must not start its own thread team
 // on top of them.
 void single_threaded_blas(void *) { omp_set_num_threads(1); }
+
+// A crash in native code (StarPU, a kernel) prints the crashing thread's native backtrace before the process dies:
+// the H200 runs beyond GPU memory died of SIGSEGV with nothing in the log. Each worker thread gets an alternate
+// signal stack, so that the report survives a stack overflow (the suspected cause there: nested evictions).
+struct sigaction previous_segv, previous_bus;
+std::atomic<int> crash_reported{0};
+
+void report_crash(int sig, siginfo_t *info, void *) {
+    if (crash_reported.exchange(1) != 0) {  // a handler chain that comes back here: let the signal kill
+        signal(sig, SIG_DFL);
+        raise(sig);
+        return;
+    }
+    char head[200];
+    int n = std::snprintf(head, sizeof head,
+                          "nntile_torch: fatal signal %d (%s) at address %p in thread %ld; native backtrace:\n", sig,
+                          sig == SIGSEGV ? "SIGSEGV" : "SIGBUS", info != nullptr ? info->si_addr : nullptr,
+                          static_cast<long>(syscall(SYS_gettid)));
+    if (n > 0) (void)!write(2, head, static_cast<size_t>(n) < sizeof head ? n : sizeof head - 1);
+    void *frames[128];
+    backtrace_symbols_fd(frames, backtrace(frames, 128), 2);
+    sigaction(sig, sig == SIGSEGV ? &previous_segv : &previous_bus, nullptr);  // StarPU's, Python's, or default
+    raise(sig);
+}
+
+struct AltStack {
+    std::vector<char> memory;
+    AltStack() : memory(1 << 16) {
+        stack_t ss{};
+        ss.ss_sp = memory.data();
+        ss.ss_size = memory.size();
+        sigaltstack(&ss, nullptr);
+    }
+    ~AltStack() {
+        stack_t ss{};
+        ss.ss_flags = SS_DISABLE;
+        sigaltstack(&ss, nullptr);
+    }
+};
+
+void alt_stack_here(void *) { static thread_local AltStack stack; }
+
+void install_crash_report() {
+    void *warm[1];
+    backtrace(warm, 1);  // loads the unwinder now, not inside the handler
+    struct sigaction sa {};
+    sa.sa_sigaction = report_crash;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : {SIGSEGV, SIGBUS}) {
+        struct sigaction current {};
+        sigaction(sig, nullptr, &current);
+        if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == report_crash) continue;  // still ours
+        sigaction(sig, &sa, sig == SIGSEGV ? &previous_segv : &previous_bus);
+    }
+    alt_stack_here(nullptr);
+    starpu_execute_on_each_worker(alt_stack_here, nullptr, STARPU_CPU | STARPU_CUDA);
+}
 }  // namespace
 
 namespace {
@@ -193,6 +255,7 @@ void runtime_init(const RuntimeConfig &cfg) {
     apply_placement();
     set_up_places(cfg);
     starpu_execute_on_each_worker(single_threaded_blas, nullptr, STARPU_CPU);
+    install_crash_report();  // after starpu_init, which installs StarPU's own SIGSEGV handler (chained to)
 #ifdef NNTILE_USE_CUDA
     if (starpu_cuda_worker_get_count() > 0) starpu_cublas_init();
 #endif

@@ -15,7 +15,7 @@ nvcc_bin=$(command -v nvcc || true)
 want_cuda=no; [ -n "$nvcc_bin" ] && want_cuda=yes
 
 # What the build was made with; a prefix built otherwise (or by an older version of this script) is rebuilt.
-build_id="cuda=$want_cuda maxcpus=128 maxcudadev=8 v3"  # v3: host memory size patch (scripts/patch_starpu.py)
+build_id="cuda=$want_cuda maxcpus=128 maxcudadev=8 v4"  # v3: host memory size; v4: eviction settings (scripts/patch_starpu.py)
 stamp="$prefix/.nntile_build"
 if [ -f "$stamp" ] && grep -qx "$build_id" "$stamp" && [ -f "$prefix/lib/pkgconfig/starpu-1.3.pc" ]; then
   echo "StarPU already installed in $prefix ($build_id)"
@@ -72,7 +72,7 @@ cd "$src"
   --disable-opencl --disable-fortran --disable-build-examples --disable-build-tests --disable-build-doc \
   --disable-socl --disable-starpufft --disable-mpi --disable-glpk --disable-starpurm --disable-static \
   --disable-hdf5 --disable-leveldb ${STARPU_CONFIGURE_EXTRA:-} >configure.log 2>&1 || { tail -40 configure.log; exit 1; }
-make -j"${STARPU_JOBS:-$(nproc)}" >make.log 2>&1 || { grep -B2 -A8 -m5 'error' make.log; exit 1; }
+make -j"${STARPU_JOBS:-$(nproc)}" >make.log 2>&1 || { grep -B2 -A8 -m5 -e 'error:' -e 'Error [0-9]' make.log; exit 1; }
 $sudo rm -rf "$prefix" && $sudo mkdir -p "$prefix"
 $sudo make install >install.log 2>&1 || { tail -20 install.log; exit 1; }
 echo "$build_id" | $sudo tee "$stamp" >/dev/null

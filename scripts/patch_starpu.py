@@ -4,6 +4,15 @@
    can miss much of the RAM (seen: NUMA node 0 reading 14 of a 24 GiB machine's RAM at start, the full 24.7 later), and then stalls once its
    tiles in host RAM reach that figure (writing them, or evicting a full GPU into host RAM, waits forever).
    The patched StarPU takes the larger of hwloc's total and the physical memory (sysconf).
+3. eviction, for models larger than the GPU (docs/DESIGN.md, "Beyond GPU memory"); each part is off unless its
+   environment variable is set to 1 when StarPU starts, so that one StarPU build runs both sides of an A/B:
+   NNTILE_DROP_HOST_COPIES: a host-RAM buffer of a tile registered without a home node is freed when host memory
+   runs short and another node holds the tile's value (1.3.10 frees one only towards a disk node, so host RAM
+   held every tile that was ever there); and an eviction started while this thread is already evicting skips
+   tiles that would need a write-back (the allocation fails and is retried) instead of nesting without bound.
+   NNTILE_EVICT_WONT_USE_FIRST: starpu_data_wont_use() puts a home-less tile first in its node's eviction order
+   (1.3.10 does so only for tiles with a home node): the optimizer marks moments it has just updated, which in a
+   training step's cyclic sweep are the tiles needed last.
 Idempotent: an already patched tree is left as it is."""
 import pathlib
 import sys
@@ -15,7 +24,7 @@ def patch(rel, pairs):
     path = root / rel
     text = path.read_text()
     for old, new in pairs:
-        if new in text and old not in text:
+        if new in text and (old in new or old not in text):  # applied already (a replacement may contain its original)
             continue
         if old not in text:
             sys.exit(f"patch_starpu: {rel}: expected text not found: {old!r}")
@@ -44,4 +53,55 @@ patch("src/core/topology.c", [(
     " if (pages_ > 0 && page_ > 0 && (size_t) pages_ * (size_t) page_ > global_mem)"
     " global_mem = (size_t) pages_ * (size_t) page_; }",
 )])
-print("patched StarPU sources (CUDA 13, host memory size)")
+
+# 3. Eviction (memalloc.c). Settings read once, at first use.
+patch("src/datawizard/memalloc.c", [
+    ("static struct _starpu_spinlock mc_lock[STARPU_MAXNODES];\n",
+     "static struct _starpu_spinlock mc_lock[STARPU_MAXNODES];\n"
+     "/* nntile_torch: eviction settings (scripts/patch_starpu.py) */\n"
+     "static int nntile_setting(const char *name, int *cached)\n"
+     "{\n\tif (*cached < 0) *cached = starpu_get_env_number_default(name, 0) > 0;\n\treturn *cached;\n}\n"
+     "static int nntile_drop_cached = -1, nntile_wont_use_cached = -1;\n"
+     "#define NNTILE_DROP_HOST_COPIES() nntile_setting(\"NNTILE_DROP_HOST_COPIES\", &nntile_drop_cached)\n"
+     "#define NNTILE_EVICT_WONT_USE_FIRST() nntile_setting(\"NNTILE_EVICT_WONT_USE_FIRST\", &nntile_wont_use_cached)\n"
+     "/* Depth of evictions running on this thread: a nested one must not wait for a write-back */\n"
+     "static __thread unsigned nntile_evicting;\n"),
+    # nested evictions: no write-back from inside another one
+    ("\t\t\tif (target != -1 &&\n",
+     "\t\t\tif (target != -1 && NNTILE_DROP_HOST_COPIES() && nntile_evicting\n"
+     "\t\t\t\t&& handle->per_node[node].state == STARPU_OWNER)\n"
+     "\t\t\t\ttarget = -1; /* nntile_torch: would nest a write-back; the allocation is retried */\n"
+     "\t\t\tif (target != -1 &&\n"),
+    ("\t\t\t\tres = transfer_subtree_to_node(handle, node, target);\n",
+     "\t\t\t\tnntile_evicting++;\n"
+     "\t\t\t\tres = transfer_subtree_to_node(handle, node, target);\n"
+     "\t\t\t\tnntile_evicting--;\n"),
+    # host copies of home-less tiles: dropped when another node has the value (or ours is stale)
+    ("\t\tif (starpu_node_get_kind(node) == STARPU_CPU_RAM)\n\t\t{\n"
+     "\t\t\ttarget = get_better_disk_can_accept_size(handle, node);\n",
+     "\t\tif (starpu_node_get_kind(node) == STARPU_CPU_RAM)\n\t\t{\n"
+     "\t\t\ttarget = get_better_disk_can_accept_size(handle, node);\n"
+     "\t\t\tif (target == -1 && NNTILE_DROP_HOST_COPIES() && handle->nchildren == 0\n"
+     "\t\t\t\t&& handle->per_node[node].state != STARPU_OWNER)\n"
+     "\t\t\t{\n"
+     "\t\t\t\t/* nntile_torch: another node holds the value (SHARED) or ours is stale (INVALID): the\n"
+     "\t\t\t\t * transfer only invalidates our copy, and the buffer is freed */\n"
+     "\t\t\t\tunsigned i_;\n"
+     "\t\t\t\tfor (i_ = 0; i_ < starpu_memory_nodes_get_count(); i_++)\n"
+     "\t\t\t\t\tif (i_ != node && (handle->per_node[i_].state != STARPU_INVALID\n"
+     "\t\t\t\t\t\t|| handle->per_node[node].state == STARPU_INVALID))\n"
+     "\t\t\t\t\t{\n\t\t\t\t\t\ttarget = i_;\n\t\t\t\t\t\tbreak;\n\t\t\t\t\t}\n"
+     "\t\t\t}\n"),
+    # wont_use on home-less tiles: first in the eviction order
+    ("\t/* TODO: else push to head of data to be evicted */\n",
+     "\telse if (mc->data && !mc->remove_notify && NNTILE_EVICT_WONT_USE_FIRST())\n"
+     "\t{\n"
+     "\t\t/* nntile_torch: home-less tile, evicted first (most recently updated first) */\n"
+     "\t\tMC_LIST_ERASE(node, mc);\n"
+     "\t\t_starpu_mem_chunk_list_push_front(&mc_list[node], mc);\n"
+     "\t\tmc_nb[node]++;\n"
+     "\t\tif (mc->clean || mc->home)\n\t\t\tmc_clean_nb[node]++;\n"
+     "\t\telse\n\t\t\tmc_dirty_head[node] = mc; /* nothing before it is dirty */\n"
+     "\t}\n"),
+])
+print("patched StarPU sources (CUDA 13, host memory size, eviction settings)")

@@ -205,3 +205,21 @@ def test_host_tasks_nest_and_restore():
     with nt.runtime.host_tasks():
         u = t + t  # a task submitted under the hint runs (on a CPU worker) and gives the same values
     assert torch.equal(u.materialize(), 2 * torch.arange(6.0))
+
+
+def test_a_native_crash_prints_its_backtrace():
+    """SIGSEGV in native code (StarPU, a kernel) prints the thread's native backtrace, then dies as it would have:
+    the H200 runs that crashed beyond GPU memory left nothing in their logs."""
+    import signal
+    import subprocess
+    import sys
+    code = ("import os, signal, nntile_torch as nt\n"
+            "nt.init(ncpus=1, ncuda=0)\n"
+            "nt.shutdown(); nt.init(ncpus=1, ncuda=0)\n"  # a restarted runtime: StarPU re-installs its handler
+            "os.kill(os.getpid(), signal.SIGSEGV)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGSEGV, (r.returncode, r.stderr[-2000:])
+    head = "nntile_torch: fatal signal 11 (SIGSEGV)"
+    assert r.stderr.count(head) == 1, r.stderr[-2000:]
+    frames = r.stderr.split("native backtrace:\n", 1)[1].splitlines()
+    assert len(frames) >= 3 and any("_C" in f or "nntile" in f or "python" in f or "libc" in f for f in frames), frames
