@@ -304,7 +304,8 @@ def test_moments_marked_for_eviction_first_give_the_same_training(tmp_path):
         "d = os.environ['DISK']\n"
         "nt.init(ncpus=2, ncuda=0, host_memory_limit='24MiB', disk_path=d, disk_limit='512MiB', scheduler='eager')\n"
         "torch.manual_seed(0)\n"
-        "layers = [nt.nn.Linear(640, 640, tile_size=256) for _ in range(6)]\n"  # 9.4 MiB of weights, 19 of moments
+        # 9.4 MiB of weights, 19 of moments; bf16 layers keep bf16 weight copies (made early with the switch)
+        "layers = [nt.nn.Linear(640, 640, tile_size=256, precision=('bf16' if i % 2 else 'fp32')) for i in range(6)]\n"
         "opt = nt.optim.AdamW([p for m in layers for p in m.parameters()], lr=1e-2)\n"
         "x = torch.randn(48, 640)\n"
         "spilled = 0\n"

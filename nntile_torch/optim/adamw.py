@@ -6,6 +6,7 @@ import os
 import warnings
 
 from .. import _C
+from ..functional import weight_bf16
 from ..runtime import host_tasks, info
 from ..tensor import TileTensor
 
@@ -15,10 +16,11 @@ _STATE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 def _evict_moments_first():
     """NNTILE_EVICT_WONT_USE_FIRST=1 (read by the patched StarPU too, scripts/patch_starpu.py): after each update
-    the moments are marked "won't use", which puts them first in their node's eviction order. A training step
-    updates the moments in the same order every step, so the ones updated last are needed last: evicting them
-    first moves only the overflow of a model larger than the GPU, where least-recently-used eviction misses on
-    every tile. Experimental (docs/DESIGN.md, "Beyond GPU memory"); no effect on values."""
+    the moments, and the fp32 weight of a weight with a bf16 copy (that copy is then made right away instead of
+    in the next forward), are marked "won't use", which puts them first in their node's eviction order. A
+    training step updates them in the same order every step, so the ones updated last are needed last: evicting
+    them first moves only the overflow of a model larger than the GPU, where least-recently-used eviction misses
+    on every tile. Experimental (docs/DESIGN.md, "Beyond GPU memory"); no effect on values."""
     return os.environ.get("NNTILE_EVICT_WONT_USE_FIRST", "0") == "1"
 
 
@@ -181,9 +183,14 @@ class AdamW(torch.optim.Optimizer):
             state["exp_avg_sq"] = _tiles_like(p, state["exp_avg_sq"], dtype)
         _C.adamw(grad.tiles, p.tiles, state["exp_avg"].tiles, state["exp_avg_sq"].tiles, lr, beta1, beta2, eps, wd,
                  step, fresh, seed)
-        if _evict_moments_first():  # (the weight is read again by the next forward, in the opposite order)
+        if _evict_moments_first():
             state["exp_avg"].tiles.wont_use()
             state["exp_avg_sq"].tiles.wont_use()
+            if getattr(p, "_bf16_cache", None) is not None:
+                # The next forward's bf16 copy, made now from the weight just written (the same values as later):
+                # the fp32 weight is then read only by the next update, in this same order, so it goes first too.
+                weight_bf16(p)
+                p.tiles.wont_use()
 
     @staticmethod
     def _dense_step(p, state, fresh, maximize, lr, beta1, beta2, eps, wd, step):
