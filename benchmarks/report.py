@@ -22,17 +22,23 @@ def load(path):
 
 
 def latest(records, mode):
-    """The last record per (backend, variant, config, precision, batch, seq, gpus) of that mode."""
+    """The last record per (backend, variant and settings, config, precision, batch, seq, gpus) of that mode."""
     out = {}
     for r in records:
         if r.get("mode") == mode:
-            out[(r["backend"], r["variant"], r["config"], r["precision"], r["batch"], r["seq"], r["gpus"])] = r
+            out[(r["backend"], variant(r), r["config"], r["precision"], r["batch"], r["seq"], r["gpus"])] = r
     return list(out.values())
+
+
+def variant(r):
+    """The variant with the attempt's own settings (nntile options, NNTILE_/STARPU_ variables), if any."""
+    settings = r.get("settings") or {}
+    return r["variant"] + "".join(f" {k}={v}" for k, v in settings.items())
 
 
 def label(r):
     gpus = r.get("gpus") or 0
-    return (f"{r['backend']}" + ("" if r["variant"] == "plain" else f":{r['variant']}") + f" {r['precision']}"
+    return (f"{r['backend']}" + ("" if variant(r) == "plain" else f":{variant(r)}") + f" {r['precision']}"
             + (f", {gpus} GPUs" if gpus > 1 else ""))
 
 
@@ -49,9 +55,9 @@ def throughput_table(rows):
     head = ("| config | params | backend | variant | precision | GPUs | batch x seq | status | tokens/s | TFLOP/s "
             "| MFU | step s | peak GPU GiB | peak host GiB | loss |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in sorted(rows, key=lambda r: (r["params"], r["precision"], r["backend"], r["variant"])):
+    for r in sorted(rows, key=lambda r: (r["params"], r["precision"], r["backend"], variant(r))):
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {(r.get('reason') or '')[:120]}"
-        lines.append(f"| {r['config']} | {fmt_params(r['params'])} | {r['backend']} | {r['variant']} | "
+        lines.append(f"| {r['config']} | {fmt_params(r['params'])} | {r['backend']} | {variant(r)} | "
                      f"{r['precision']} | {r['gpus']} | {r['batch']} x {r['seq']} | {status.replace('|', '/')} | "
                      f"{_f(r, 'tokens_per_s', ',.0f')} | {_f(r, 'tflops', '.1f')} | {_f(r, 'mfu', '.2f')} | "
                      f"{_f(r, 'step_s', '.3f')} | {_gib(r.get('peak_gpu_bytes'))} | {_gib(r.get('peak_host_bytes'))} | "
@@ -63,7 +69,7 @@ def capacity(records):
     """Per (backend, variant, precision, batch, seq): the largest ok config and the first failure above it."""
     groups = {}
     for r in latest(records, "capacity"):
-        groups.setdefault((r["backend"], r["variant"], r["precision"], r["batch"], r["seq"]), []).append(r)
+        groups.setdefault((r["backend"], variant(r), r["precision"], r["batch"], r["seq"]), []).append(r)
     out = []
     for key, rs in groups.items():
         ok = [r for r in rs if r["status"] == "ok"]

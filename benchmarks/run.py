@@ -242,6 +242,20 @@ def signal_reason(rc):
     return f"killed by signal {-rc} ({name}{hint})"
 
 
+def attempt_settings(nntile_options, flags, environ):
+    """What sets an attempt apart beyond backend, variant, config and batch: nntile options given on the command
+    line, and NNTILE_* / STARPU_* environment variables (A/B runs of one variant differ only there)."""
+    out = {}
+    if nntile_options is not None:
+        for k, v in nntile_options.items():
+            if v is not None and (k != "offload_fraction" or "offload" in flags):
+                out[k] = v
+    for k, v in sorted(environ.items()):
+        if k.startswith(("NNTILE_", "STARPU_")) and k not in ("STARPU_HOME", "STARPU_SILENT"):
+            out[k] = v
+    return out
+
+
 def precheck(a, cpu_only, args, world):
     """Why the attempt cannot run here, found without starting it (the worker checks again), or None."""
     flags = a["variant"].split("+")
@@ -296,7 +310,9 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
                "peak_tflops": peaks.get(a["precision"]), "step_s": None, "peak_gpu_bytes": None,
                "peak_host_bytes": None, "loss": None, "losses": None,
                "time": datetime.datetime.now().isoformat(timespec="seconds"),
-               "log": os.path.relpath(log_path, args.out)}
+               "log": os.path.relpath(log_path, args.out),
+               "settings": attempt_settings(spec["nntile"] if a["backend"] == "nntile" else None, spec["flags"],
+                                            os.environ)}
         reason = precheck(a, cpu_only, args, world)
         if reason:
             rec.update(status="unavailable", reason=reason, wall_s=0.0, log=None)

@@ -163,3 +163,19 @@ def test_a_failed_attempt_keeps_how_far_it_came():
     assert signal_reason(-11) == "killed by signal 11 (SIGSEGV, a crash in native code)"
     assert signal_reason(-9).startswith("killed by signal 9 (SIGKILL, out of host memory?")
     assert signal_reason(1) is None and signal_reason(0) is None and signal_reason(None) is None
+
+
+def test_attempts_that_differ_only_in_settings_stay_apart():
+    from benchmarks.report import latest, variant
+    from benchmarks.run import attempt_settings
+    opts = {"tile_size": None, "host_memory_limit": "105GiB", "offload_fraction": 1.0, "scheduler": None}
+    env = {"NNTILE_EVICT_WONT_USE_FIRST": "1", "STARPU_HOME": "/x", "PATH": "/bin", "STARPU_SCHED": "dmda"}
+    assert attempt_settings(opts, ["stepbwd"], env) == {"host_memory_limit": "105GiB",
+                                                        "NNTILE_EVICT_WONT_USE_FIRST": "1", "STARPU_SCHED": "dmda"}
+    assert attempt_settings(opts, ["offload"], {})["offload_fraction"] == 1.0
+    assert attempt_settings(None, [], {}) == {}
+    base = {"mode": "throughput", "backend": "nntile", "variant": "stepbwd", "config": "13b", "precision": "bf16",
+            "batch": 2, "seq": 1024, "gpus": 1}
+    a, b = dict(base, settings={}), dict(base, settings={"NNTILE_EVICT_WONT_USE_FIRST": "1"})
+    assert len(latest([a, b], "throughput")) == 2 and len(latest([a, dict(a)], "throughput")) == 1
+    assert variant(a) == "stepbwd" and variant(b) == "stepbwd NNTILE_EVICT_WONT_USE_FIRST=1"
