@@ -176,6 +176,7 @@ def setup_nntile(spec, cuda, rank, world):
     o = spec["nntile"]
     # A stall (StarPU 1.3.10 failing to evict from a full memory node) ends the attempt after a minute, with
     # the runtime's report of each memory node as the reason, instead of using up the whole --timeout.
+    os.environ.setdefault("STARPU_SILENT", "0")  # StarPU's own warnings ("Not enough memory left ...") in the log
     os.environ.setdefault("STARPU_WATCHDOG_TIMEOUT", "60000000")
     os.environ.setdefault("STARPU_WATCHDOG_CRASH", "1")
     if cuda and not nt._C.built_with_cuda:
