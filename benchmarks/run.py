@@ -8,7 +8,8 @@ the same model, data, batch, sequence length and precision, each attempt in its 
 
 Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:offload+ckpt):
   torch      eager; variants plain, ckpt (activation checkpointing)
-  nntile     nntile_torch.convert + nntile_torch.optim.AdamW; variants plain, ckpt
+  nntile     nntile_torch.convert + nntile_torch.optim.AdamW; variants plain, ckpt, stepbwd (AdamW in backward),
+             bf16state (bf16 moments), offload (--offload-fraction of the weights updated on CPU workers)
   fsdp       FSDP1 FULL_SHARD per GPT2Block; variants plain, offload (CPUOffload(offload_params=True)), ckpt
   fsdp2      fully_shard per GPT2Block + root; variants plain, offload (CPUOffloadPolicy), ckpt
   deepspeed  ZeRO-3; variants offload (params + optimizer to CPU, the default), nvme (to --nvme-path),
@@ -17,8 +18,9 @@ fsdp, fsdp2 and deepspeed run under torchrun on every visible GPU (one process w
 torch and nntile in one process (nntile on all GPUs). Precision bf16: autocast / MixedPrecision / DeepSpeed bf16 /
 nntile bf16 matmuls, fp32 master weights everywhere; tf32: fp32 weights, TF32 matmuls.
 
-Each attempt appends one JSON line to <out>/results.jsonl (status ok, oom, error or unavailable, with a reason)
-and prints one progress line; its log is <out>/logs/<attempt>.log. Capacity mode climbs the configs in size order
+Each attempt appends one JSON line to <out>/results.jsonl (status ok, oom, error or unavailable, with a reason;
+a timed-out or crashed attempt keeps its step times and losses so far; `settings`: the nntile options given and
+the NNTILE_* / STARPU_* variables set) and prints one progress line; its log is <out>/logs/<attempt>.log. Capacity mode climbs the configs in size order
 per backend and stops at the first that does not complete. `python -m benchmarks.report <out>` makes the table
 and plots.
 """
