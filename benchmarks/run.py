@@ -20,9 +20,9 @@ nntile bf16 matmuls, fp32 master weights everywhere; tf32: fp32 weights, TF32 ma
 
 Each attempt appends one JSON line to <out>/results.jsonl (status ok, oom, error or unavailable, with a reason;
 a timed-out or crashed attempt keeps its step times and losses so far; `settings`: the nntile options given and
-the NNTILE_* / STARPU_* variables set) and prints one progress line; its log is <out>/logs/<attempt>.log. Capacity mode climbs the configs in size order
-per backend and stops at the first that does not complete. `python -m benchmarks.report <out>` makes the table
-and plots.
+the NNTILE_* / STARPU_* variables set) and prints one progress line; its log is <out>/logs/<attempt>.log.
+Capacity mode climbs the configs in size order per backend and stops at the first that does not complete.
+`python -m benchmarks.report <out>` makes the table and plots.
 """
 import argparse
 import datetime

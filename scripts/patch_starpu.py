@@ -11,8 +11,8 @@
    held every tile that was ever there); and an eviction started while this thread is already evicting skips
    tiles that would need a write-back (the allocation fails and is retried) instead of nesting without bound.
    NNTILE_EVICT_WONT_USE_FIRST: starpu_data_wont_use() puts a home-less tile first in its node's eviction order
-   (1.3.10 does so only for tiles with a home node): AdamW marks the moments (and fp32 weights with a bf16 copy) it has just
-   updated, which in a training step's cyclic sweep are the tiles needed last.
+   (1.3.10 does so only for tiles with a home node): AdamW marks the moments (and fp32 weights with a bf16 copy)
+   it has just updated, which in a training step's cyclic sweep are the tiles needed last.
 Idempotent: an already patched tree is left as it is."""
 import pathlib
 import sys

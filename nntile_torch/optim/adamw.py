@@ -14,7 +14,7 @@ from ..tensor import TileTensor
 _STATE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
-def _evict_moments_first():
+def _evict_updated_first():
     """NNTILE_EVICT_WONT_USE_FIRST=1 (read by the patched StarPU too, scripts/patch_starpu.py): after each update
     the moments, and the fp32 weight of a weight with a bf16 copy (that copy is then made right away instead of
     in the next forward), are marked "won't use", which puts them first in their node's eviction order. A
@@ -183,7 +183,7 @@ class AdamW(torch.optim.Optimizer):
             state["exp_avg_sq"] = _tiles_like(p, state["exp_avg_sq"], dtype)
         _C.adamw(grad.tiles, p.tiles, state["exp_avg"].tiles, state["exp_avg_sq"].tiles, lr, beta1, beta2, eps, wd,
                  step, fresh, seed)
-        if _evict_moments_first():
+        if _evict_updated_first():
             state["exp_avg"].tiles.wont_use()
             state["exp_avg_sq"].tiles.wont_use()
             if getattr(p, "_bf16_cache", None) is not None:
