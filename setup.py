@@ -4,6 +4,7 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 
 from setuptools import find_packages, setup
 
@@ -72,6 +73,12 @@ library_dirs = list(starpu_libdirs)
 libraries = list(starpu_libs)
 cxx_flags = ["-O3", "-std=c++20", "-fopenmp"]
 link_args = ["-fopenmp"] + ["-Wl,-rpath," + d for d in starpu_libdirs]
+if sys.platform.startswith("linux"):
+    # The C++ runtime torch itself uses, shared. The H200 machine's g++ linked a private static copy into the
+    # extension (no libstdc++.so.6 among its needed libraries), and the process then held two C++ runtimes whose
+    # locale facet ids disagree: formatting a number into an error message crashed (SIGSEGV in
+    # ostream::_M_insert<long>) instead of raising. tests/test_build.py checks the result.
+    link_args.append("-l:libstdc++.so.6")
 define_macros = []
 extra = {"cxx": cxx_flags}
 if cuda:
