@@ -213,9 +213,11 @@ def log_progress(log_text):
     setup = re.findall(r"^setup: ([0-9.]+) s", log_text, re.M)
     steps = re.findall(r"^step \d+: ([0-9.]+) s, loss ([0-9.eE+-]+|nan|inf)", log_text, re.M)
     gpu = re.findall(r"^step \d+: .*peak GPU ([0-9.]+) GiB", log_text, re.M)
+    tiles = re.findall(r"^step \d+: .*peak tiles ([0-9.]+) GiB", log_text, re.M)  # nntile's live tiles
     return {"setup_s": float(setup[-1]) if setup else None, "step_times": [float(t) for t, _ in steps],
             "losses": [float(v) for _, v in steps],
-            "peak_gpu_bytes": int(float(gpu[-1]) * GiB) if gpu else None}
+            "peak_gpu_bytes": int(float(gpu[-1]) * GiB) if gpu else None,
+            "peak_tile_bytes": int(float(tiles[-1]) * GiB) if tiles else None}
 
 
 def progress_words(prog):

@@ -425,7 +425,10 @@ def run_attempt(spec, rank, world):
         res["env"].update(env)
         res["gpus"] = gpus
         res["setup_s"] = time.perf_counter() - t0
-        print(f"setup: {res['setup_s']:.1f} s (weights built on {res['env'].get('init_device')})", flush=True)
+        tiles = ""  # nntile: one copy of every live tile (what the out-of-memory check counts)
+        if stats is not None:
+            tiles = f", tiles {stats()['tile_bytes'] / 2**30:.1f} GiB"
+        print(f"setup: {res['setup_s']:.1f} s (weights built on {res['env'].get('init_device')}){tiles}", flush=True)
         per_rank = spec["batch"] // world if spec["backend"] in ("fsdp", "fsdp2", "deepspeed") else spec["batch"]
         vocab = hf_config(spec["config"], spec["seq"]).vocab_size
         times, losses = [], []
@@ -441,6 +444,8 @@ def run_attempt(spec, rank, world):
             # Memory so far on every line: an attempt that is killed later still tells the harness its peaks.
             mem = f", peak GPU {monitor.peak / 2**30:.1f} GiB" if monitor is not None else ""
             host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+            if stats is not None:
+                mem += f", peak tiles {stats()['peak_tile_bytes'] / 2**30:.1f} GiB"
             print(f"step {s}: {times[-1]:.3f} s, loss {value:.4f}{mem}, peak host {host:.1f} GiB", flush=True)
         if world > 1:
             import torch.distributed as dist

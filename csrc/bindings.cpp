@@ -102,6 +102,14 @@ PYBIND11_MODULE(_C, m) {
     });
     m.def("info", &info);
     m.def("tasks_submitted", &tasks_submitted);
+    m.def("tile_bytes", &tile_bytes);
+    m.def("peak_tile_bytes", &peak_tile_bytes);
+    m.def("reset_peak_tile_bytes", &reset_peak_tile_bytes);
+    m.def("live_tile_tensors", [] {
+        py::list out;
+        for (const auto &t : live_tile_tensors()) out.append(py::make_tuple(t.name, t.shape, t.dtype, t.bytes));
+        return out;
+    });
     m.def("blocking_waits", &blocking_waits);
     m.def("wait_all", [] {
         py::gil_scoped_release nogil;

@@ -153,8 +153,16 @@ def info():
 
 
 def stats():
-    """Counters since the process started: tasks submitted and blocking waits (host waits for task results)."""
-    return {"tasks_submitted": _C.tasks_submitted(), "blocking_waits": _C.blocking_waits(), "running": _C.running()}
+    """Counters since the process started: tasks submitted and blocking waits (host waits for task results);
+    tile_bytes: one copy of every live tile (what must fit in GPU, host and disk memory together: init's limits
+    are checked against it), peak_tile_bytes: its most since the start or reset_peak_stats()."""
+    return {"tasks_submitted": _C.tasks_submitted(), "blocking_waits": _C.blocking_waits(), "running": _C.running(),
+            "tile_bytes": _C.tile_bytes(), "peak_tile_bytes": _C.peak_tile_bytes()}
+
+
+def reset_peak_stats():
+    """Starts stats()["peak_tile_bytes"] again from the bytes live now (as torch.cuda.reset_peak_memory_stats)."""
+    _C.reset_peak_tile_bytes()
 
 
 def synchronize():

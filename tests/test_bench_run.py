@@ -152,11 +152,12 @@ def test_a_stall_report_is_the_reason_of_a_failed_attempt():
 def test_a_failed_attempt_keeps_how_far_it_came():
     from benchmarks.run import log_progress, progress_words, signal_reason
     log = ("cmd\n{}\nsetup: 87.2 s (weights built on meta)\n[transformers] note\nstep 0: 6.705 s, loss 11.8470\n"
-           "step 1: 58.483 s, loss 11.9506, peak GPU 130.2 GiB, peak host 40.0 GiB\nstep 2: 49.952 s, loss nan\n")
+           "step 1: 58.483 s, loss 11.9506, peak GPU 130.2 GiB, peak tiles 101.5 GiB, peak host 40.0 GiB\n"
+           "step 2: 49.952 s, loss nan\n")
     prog = log_progress(log)
     assert prog["setup_s"] == 87.2 and prog["step_times"] == [6.705, 58.483, 49.952]
     assert prog["losses"][:2] == [11.847, 11.9506] and math.isnan(prog["losses"][2])
-    assert prog["peak_gpu_bytes"] == int(130.2 * 2**30)
+    assert prog["peak_gpu_bytes"] == int(130.2 * 2**30) and prog["peak_tile_bytes"] == int(101.5 * 2**30)
     assert progress_words(prog) == "setup 87 s, 3 steps (last 50.0 s)"
     assert progress_words(log_progress("setup: 3.0 s\n")) == "setup 3 s, no step finished"
     assert progress_words(log_progress("Traceback\n")) == ""

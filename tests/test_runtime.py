@@ -1,5 +1,7 @@
 """Runtime: info(), stats(), argument checks, restart with data kept."""
 import os
+import re
+import threading
 
 import pytest
 import torch
@@ -223,3 +225,39 @@ def test_a_native_crash_prints_its_backtrace():
     assert r.stderr.count(head) == 1, r.stderr[-2000:]
     frames = r.stderr.split("native backtrace:\n", 1)[1].splitlines()
     assert len(frames) >= 3 and any("_C" in f or "nntile" in f or "python" in f or "libc" in f for f in frames), frames
+
+
+def test_refusal_on_another_thread_and_tile_byte_counters():
+    """Autograd's device threads create tiles too: a refusal raised there carries its message (numbers
+    included: a second C++ runtime in the extension once crashed right there); stats() counts the bytes of live
+    tiles and their peak, which reset_peak_stats() starts again."""
+    nt.shutdown()
+    try:
+        nt.init(ncpus=1, ncuda=0, host_memory_limit="16MiB")
+        nt.reset_peak_stats()
+        base = nt.stats()["tile_bytes"]
+        assert nt.stats()["peak_tile_bytes"] == base
+        keep = [nt.TileTensor.from_dense(torch.full((512, 1024), float(i)), (256, 1024)) for i in range(3)]  # 6 MiB
+        assert nt.stats()["tile_bytes"] - base == 6 * 2**20
+        errors = []
+
+        def make():
+            try:
+                nt.TileTensor.from_dense(torch.zeros(4096, 1024), (512, 1024))  # 16 MiB more
+            except RuntimeError as e:
+                errors.append(str(e))
+
+        worker = threading.Thread(target=make)
+        worker.start()
+        worker.join()
+        assert len(errors) == 1 and re.search(r"out of memory: live tiles would take \d+ MiB .*: 16 MiB\)", errors[0])
+        s = nt.stats()
+        assert s["tile_bytes"] == s["peak_tile_bytes"] == base + 6 * 2**20  # the refused tensor counts nowhere
+        del keep
+        import gc
+        gc.collect()
+        assert nt.stats()["tile_bytes"] == base
+        nt.reset_peak_stats()
+        assert nt.stats()["peak_tile_bytes"] == base
+    finally:
+        nt.shutdown()

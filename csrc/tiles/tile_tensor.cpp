@@ -26,6 +26,17 @@ std::atomic<int64_t> &live_bytes() {
     return b;
 }
 
+std::atomic<int64_t> &peak_bytes() {
+    static std::atomic<int64_t> b{0};
+    return b;
+}
+
+void note_peak(int64_t total) {
+    int64_t seen = peak_bytes().load();
+    while (total > seen && !peak_bytes().compare_exchange_weak(seen, total)) {
+    }
+}
+
 int64_t bytes_of(const TileTensor &t) { return t.numel() * (int64_t)dtype_size(t.dtype()); }
 
 // What the memory nodes can hold together: host limit, disk node, the GPUs' shares. host < 0: no host limit
@@ -185,6 +196,7 @@ void TileTensor::ensure_handles() {
                                 << "). Raise host_memory_limit, add a disk node (disk_path, disk_limit) or free "
                                    "tensors");
     }
+    note_peak(total);
     handles_.resize(ntiles());
     for (int64_t t = 0; t < ntiles(); ++t) {
         int64_t n = 1;
@@ -267,6 +279,17 @@ void TileTensor::wont_use() {
 
 void TileTensor::invalidate() {
     for (auto h : handles_) starpu_data_invalidate_submit(h);
+}
+
+int64_t tile_bytes() { return live_bytes().load(); }
+int64_t peak_tile_bytes() { return peak_bytes().load(); }
+void reset_peak_tile_bytes() { peak_bytes().store(live_bytes().load()); }
+
+std::vector<LiveTileTensor> live_tile_tensors() {
+    std::vector<LiveTileTensor> out;
+    for (const TileTensor *t : live())
+        if (t->registered()) out.push_back({t->name(), t->shape(), dtype_name(t->dtype()), bytes_of(*t)});
+    return out;
 }
 
 void TileTensor::release_handles(bool keep_data) {

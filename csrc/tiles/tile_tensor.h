@@ -30,6 +30,7 @@ class TileTensor {
     int64_t ntiles() const;
     int64_t numel() const;
     const std::string &name() const { return name_; }
+    bool registered() const { return !handles_.empty(); }
 
     // Extent of one tile along dim d (partial at the edge).
     int64_t tile_extent(int64_t d, int64_t index) const;
@@ -71,5 +72,19 @@ class TileTensor {
 };
 
 using TileTensorPtr = std::shared_ptr<TileTensor>;
+
+// Bytes of one copy of every registered tile (what the out-of-memory check counts), and the most since the last
+// reset_peak_tile_bytes().
+int64_t tile_bytes();
+int64_t peak_tile_bytes();
+void reset_peak_tile_bytes();
+// Name and bytes of every tile tensor whose tiles are registered (where memory goes: nntile_torch.memory_summary).
+struct LiveTileTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::string dtype;
+    int64_t bytes;
+};
+std::vector<LiveTileTensor> live_tile_tensors();
 
 }  // namespace nntile
