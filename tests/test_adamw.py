@@ -237,6 +237,28 @@ def test_bf16_state_tracks_fp32_state_and_is_deterministic(device):
     assert sum(l16[-20:]) / 20 < 0.9 * l16[0]  # it learns (the targets are noise: no lower)
 
 
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_moments_stay_in_place_across_steps(state_dtype):
+    """Later steps update the moments' tiles where they are: the same tile tensors, no new tiles. (bf16 moments
+    were once rebuilt every step through host RAM: the whole state copied and held twice.)"""
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(nt.TileTensor.from_dense(torch.randn(300, 200), (128, 64)))
+    opt = nt.optim.AdamW([p], lr=1e-2, state_dtype=state_dtype)
+    seen = None
+    for _ in range(3):
+        p.grad = nt.TileTensor.from_dense(torch.randn(300, 200), (128, 64))
+        opt.step()
+        p.grad = None
+        nt.synchronize()
+        now = [opt.state[p][k].tiles for k in ("exp_avg", "exp_avg_sq")]
+        if seen is None:
+            seen, before = now, nt.stats()["tile_bytes"]
+            nt.reset_peak_stats()
+        assert all(a is b for a, b in zip(now, seen))
+    grad_bytes = 300 * 200 * 4
+    assert nt.stats()["tile_bytes"] == before and nt.stats()["peak_tile_bytes"] <= before + grad_bytes
+
+
 def test_bf16_state_dict_round_trip(device):
     data = batches(6, device)
     ours, _ = models(device)

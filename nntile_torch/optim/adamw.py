@@ -26,9 +26,9 @@ def _evict_updated_first():
 
 def _tiles_like(param, value, dtype=torch.float32):
     """value (dense or TileTensor) as a TileTensor of `dtype` tiled like param."""
-    if isinstance(value, TileTensor) and value.shape == param.shape and value.tiles.same_tiling(param.tiles) \
-            and value.tiles.dtype == _STATE_DTYPES[dtype]:
-        return value
+    if isinstance(value, TileTensor) and value.shape == param.shape and value.tiles.dtype == _STATE_DTYPES[dtype] \
+            and value.tiles.shape == param.tiles.shape and value.tiles.tile_shape == param.tiles.tile_shape:
+        return value  # (same_tiling would compare the dtypes too: bf16 moments were re-tiled through host RAM)
     t = _C.TileTensor(list(param.tiles.shape), list(param.tiles.tile_shape), _STATE_DTYPES[dtype], "")
     dense = value.materialize() if isinstance(value, TileTensor) else value
     t.from_dense(dense.to(dtype).reshape(tuple(t.shape)))
