@@ -1,5 +1,6 @@
 """Autograd Functions whose forward and backward submit tile tasks (no waits)."""
 import contextlib
+import functools
 import math
 
 import torch
@@ -7,6 +8,50 @@ import torch
 from . import _C
 from .runtime import host_tasks
 from .tensor import TileTensor
+
+
+def frees_saved(backward):
+    """Wraps an autograd Function's backward: what its forward kept on ctx (tiles of activations, the bf16 copy
+    of a weight) goes as soon as backward has used it, as torch frees save_for_backward's tensors. Kept on ctx,
+    they lived as long as the graph, i.e. as long as the caller held the loss: in the usual loop (`loss =
+    model(...)` each step) the last step's activations and weight copies sat beside the new ones during the next
+    forward (GPT-2 small: peak tiles 13.2 -> 17.2 bytes per parameter). A second backward through the same graph
+    (retain_graph=True) raises instead of reading freed tiles."""
+    @functools.wraps(backward)
+    def run(ctx, *grads):
+        if getattr(ctx, "_nntile_freed", False):
+            raise RuntimeError("backward through an nntile_torch op a second time: its saved tiles were freed by the "
+                               "first backward (retain_graph=True is not supported by nntile_torch ops)")
+        try:
+            return backward(ctx, *grads)
+        finally:
+            for name in list(vars(ctx)):
+                delattr(ctx, name)
+            ctx._nntile_freed = True
+    return run
+
+
+def keep(ctx, device, *tiles):
+    """save_for_backward for C++ tiles (activations a backward reads), wrapped as TileTensors: torch then frees
+    them after backward, and activation checkpointing (torch.utils.checkpoint, reentrant or not) drops them after
+    the forward and recomputes them in backward. Kept as ctx attributes, non-reentrant checkpointing kept them."""
+    ctx.save_for_backward(*[TileTensor(t, tuple(t.shape), device) for t in tiles])
+
+
+def kept(ctx):
+    """The C++ tiles keep() saved, in order."""
+    return [w.tiles for w in ctx.saved_tensors]
+
+
+def tiles_of(shape, tile_shape, value):
+    """value (dense or TileTensor) as float32 C++ tiles of that shape and tiling (its own tiles when they are)."""
+    if isinstance(value, TileTensor) and list(value.tiles.shape) == list(shape) \
+            and list(value.tiles.tile_shape) == list(tile_shape) and value.tiles.dtype == "float32":
+        return value.tiles
+    dense = value.materialize() if isinstance(value, TileTensor) else value
+    t = _C.TileTensor(list(shape), list(tile_shape), "float32", "")
+    t.from_dense(dense.detach().reshape(tuple(shape)))
+    return t
 
 
 def as_matrix_tiles(x, row_tile, col_tile):
@@ -68,14 +113,16 @@ class LinearFunction(torch.autograd.Function):
         _C.gemm(False, x2, not w_in_out, wc, y, 1.0, 0.0, mode)
         if bias is not None:
             _C.bias_add(bias.tiles, y)
-        ctx.x2, ctx.wt, ctx.wc, ctx.mode, ctx.has_bias, ctx.w_in_out = x2, wt, wc, mode, bias is not None, w_in_out
+        keep(ctx, x.device, x2)  # the weight's tiles and bf16 copy live with the weight: attributes
+        ctx.wt, ctx.wc, ctx.mode, ctx.has_bias, ctx.w_in_out = wt, wc, mode, bias is not None, w_in_out
         ctx.x_shape, ctx.x_device, ctx.saved_device = x.shape, x.device, weight.device
         ctx.batch_tile, ctx.precision, ctx.n_dim = batch_tile, precision, n_dim
         return TileTensor(y, (*x.shape[:-1], n), x.device)
 
     @staticmethod
+    @frees_saved
     def backward(ctx, dy):
-        x2, wt, wc, mode, io = ctx.x2, ctx.wt, ctx.wc, ctx.mode, ctx.w_in_out
+        (x2,), wt, wc, mode, io = kept(ctx), ctx.wt, ctx.wc, ctx.mode, ctx.w_in_out
         n, n_tile = wt.shape[ctx.n_dim], wt.tile_shape[ctx.n_dim]
         dy2 = as_matrix_tiles(dy, ctx.batch_tile, n_tile)
         dyc = to_bf16(dy2) if ctx.precision == "bf16" else dy2
@@ -117,12 +164,14 @@ class GeluFunction(torch.autograd.Function):
         xt = x.tiles if isinstance(x, TileTensor) else as_matrix_tiles(x, batch_tile, tile)
         y = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "gelu.y")
         _C.gelu_forward(xt, y, approximate == "tanh")
-        ctx.xt, ctx.tanh, ctx.x_shape, ctx.x_device = xt, approximate == "tanh", x.shape, x.device
+        keep(ctx, x.device, xt)
+        ctx.tanh, ctx.x_shape, ctx.x_device = approximate == "tanh", x.shape, x.device
         return TileTensor(y, x.shape, x.device)
 
     @staticmethod
+    @frees_saved
     def backward(ctx, dy):
-        xt = ctx.xt
+        (xt,) = kept(ctx)
         dx = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "gelu.dx")
         _C.gelu_backward(tiles_like(xt, dy, xt.shape), xt, dx, ctx.tanh)
         return TileTensor(dx, ctx.x_shape, ctx.x_device), None, None, None
@@ -137,14 +186,16 @@ class DropoutFunction(torch.autograd.Function):
         xt = x.tiles if isinstance(x, TileTensor) else as_matrix_tiles(x, batch_tile, tile)
         y = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "dropout.y")
         _C.dropout(xt, y, p, seed)
-        ctx.xt, ctx.p, ctx.seed, ctx.x_shape, ctx.x_device = xt, p, seed, x.shape, x.device
+        ctx.tiling = (list(xt.shape), list(xt.tile_shape))  # the mask is recomputed from the seed: x is not kept
+        ctx.p, ctx.seed, ctx.x_shape, ctx.x_device = p, seed, x.shape, x.device
         return TileTensor(y, x.shape, x.device)
 
     @staticmethod
+    @frees_saved
     def backward(ctx, dy):
-        xt = ctx.xt
-        dx = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "dropout.dx")
-        _C.dropout(tiles_like(xt, dy, xt.shape), dx, ctx.p, ctx.seed)
+        shape, tile_shape = ctx.tiling
+        dx = _C.TileTensor(shape, tile_shape, "float32", "dropout.dx")
+        _C.dropout(tiles_of(shape, tile_shape, dy), dx, ctx.p, ctx.seed)
         return TileTensor(dx, ctx.x_shape, ctx.x_device), None, None, None, None
 
 
@@ -164,13 +215,15 @@ class LayerNormFunction(torch.autograd.Function):
         mean = _C.TileTensor([m], [bt], "float32", "layer_norm.mean")
         rstd = _C.TileTensor([m], [bt], "float32", "layer_norm.rstd")
         _C.layer_norm_forward(xt, weight.tiles, bias.tiles, float(eps), y, mean, rstd)
-        ctx.saved = (xt, mean, rstd, weight.tiles)
+        keep(ctx, x.device, xt, mean, rstd)
+        ctx.wt = weight.tiles
         ctx.x_shape, ctx.x_device, ctx.w_device = x.shape, x.device, weight.device
         return TileTensor(y, x.shape, x.device)
 
     @staticmethod
+    @frees_saved
     def backward(ctx, dy):
-        xt, mean, rstd, wt = ctx.saved
+        (xt, mean, rstd), wt = kept(ctx), ctx.wt
         dx = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "layer_norm.dx")
         dw = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "layer_norm.dw")
         db = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "layer_norm.db")
@@ -191,15 +244,17 @@ class CausalAttentionFunction(torch.autograd.Function):
         b, seq, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         y = _C.TileTensor([t.shape[0], c], [t.tile_shape[0], c], "float32", "attention.y")
         _C.attention_forward(t, y, seq, nheads, scale, bf16)
-        ctx.qkv, ctx.y, ctx.seq, ctx.nheads, ctx.scale, ctx.bf16 = t, y, seq, nheads, scale, bf16
+        keep(ctx, qkv.device, t, y)
+        ctx.seq, ctx.nheads, ctx.scale, ctx.bf16 = seq, nheads, scale, bf16
         ctx.shape, ctx.device = qkv.shape, qkv.device
         return TileTensor(y, (b, seq, c), qkv.device)
 
     @staticmethod
+    @frees_saved
     def backward(ctx, dy):
-        t = ctx.qkv
+        t, y = kept(ctx)
         dqkv = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "attention.dqkv")
-        _C.attention_backward(tiles_like(ctx.y, dy, ctx.y.shape), t, dqkv, ctx.seq, ctx.nheads, ctx.scale, ctx.bf16)
+        _C.attention_backward(tiles_like(y, dy, y.shape), t, dqkv, ctx.seq, ctx.nheads, ctx.scale, ctx.bf16)
         return TileTensor(dqkv, ctx.shape, ctx.device), None, None, None
 
 
@@ -221,14 +276,17 @@ class EmbeddingFunction(torch.autograd.Function):
         idt.from_dense(ids.detach().reshape(m).long())
         out = _C.TileTensor([m, c], [idt.tile_shape[0], c], "float32", "embedding.out")
         _C.embedding_forward(idt, wt, out)
-        ctx.idt, ctx.wt, ctx.out_like, ctx.w_device = idt, wt, out, weight.device
+        keep(ctx, ids.device, idt)
+        ctx.wt, ctx.out_tiling, ctx.w_device = wt, (list(out.shape), list(out.tile_shape)), weight.device
         return TileTensor(out, (*ids.shape, c), ids.device)
 
     @staticmethod
+    @frees_saved
     def backward(ctx, dy):
         wt = ctx.wt
         dw = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "embedding.dweight")
-        _C.embedding_backward(ctx.idt, tiles_like(ctx.out_like, dy, ctx.out_like.shape), dw)
+        (idt,) = kept(ctx)
+        _C.embedding_backward(idt, tiles_of(*ctx.out_tiling, dy), dw)
         return None, TileTensor(dw, wt.shape, ctx.w_device), None
 
 
@@ -251,12 +309,14 @@ class CrossEntropyFunction(torch.autograd.Function):
         acc = _C.TileTensor([2], [2], "float32", "ce.acc")
         loss = _C.TileTensor([1], [1], "float32", "ce.loss")
         _C.cross_entropy_forward(lab, lt, stats, acc, loss, mean)
-        ctx.saved = (lab, lt, stats, acc, loss, mean, logits.device)
+        keep(ctx, logits.device, lab, lt, stats, acc, loss)
+        ctx.mean, ctx.device = mean, logits.device
         return TileTensor(loss, (), logits.device)
 
     @staticmethod
+    @frees_saved
     def backward(ctx, gout):
-        lab, lt, stats, acc, loss, mean, device = ctx.saved
+        (lab, lt, stats, acc, loss), mean, device = kept(ctx), ctx.mean, ctx.device
         dl = _C.TileTensor(list(lt.shape), list(lt.tile_shape), "float32", "ce.dlogits")
         _C.cross_entropy_backward(lab, lt, stats, acc, tiles_like(loss, gout, (1,)), dl, mean)
         return TileTensor(dl, tuple(lt.shape), device), None, None

@@ -150,6 +150,61 @@ def test_host_waits_per_step_do_not_grow_with_depth(device):
     assert waits == [0, 0], waits
 
 
+def test_backward_frees_what_forward_kept(device):
+    """With the loss still held (the usual loop keeps it until the next forward has run), backward has freed
+    every tile its forward kept: what is left is the gradients. A second backward through the graph raises."""
+    import gc
+    ours = nt.convert(gpt2(device), precision="bf16", tile_size=384, batch_tile_size=37)
+    ids = torch.randint(0, 1000, (3, 37), device=device)
+    ours(ids, labels=ids).loss.backward()  # first step: the weights' bf16 copies made (they stay with the weights)
+    for p in ours.parameters():
+        p.grad = None
+    gc.collect()
+    before = nt.stats()["tile_bytes"]
+    loss = ours(ids, labels=ids).loss
+    assert nt.stats()["tile_bytes"] > before  # activations
+    loss.backward()
+    grads = sum(p.grad.numel() * 4 for p in ours.parameters() if isinstance(p.grad, nt.TileTensor))
+    held = 4 * loss.numel() if isinstance(loss, nt.TileTensor) else 0  # the loss's own tile
+    assert grads > 0 and nt.stats()["tile_bytes"] == before + grads + held
+    again = ours(ids, labels=ids).loss
+    again.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="a second time: its saved tiles were freed"):
+        again.backward()
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["nonreentrant", "reentrant"])
+def test_activation_checkpointing_drops_activations_and_keeps_results(device, reentrant):
+    """torch's activation checkpointing (Hugging Face's gradient_checkpointing_enable) on a converted model: the
+    tiles held after the forward shrink, and the loss and every gradient are those without it, bit for bit
+    (dropout on: the recomputed forward draws the same seeds)."""
+    import gc
+    out = []
+    for ckpt in (False, True):
+        model = gpt2(device, n_layer=4)
+        model.config.resid_pdrop = model.config.attn_pdrop = 0.1
+        for m in model.modules():
+            if isinstance(m, torch.nn.Dropout):
+                m.p = 0.1
+        ours = nt.convert(model, tile_size=384, batch_tile_size=37)
+        if ckpt:
+            ours.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        ours.train()
+        ids = torch.randint(0, 1000, (3, 37), generator=torch.Generator().manual_seed(1)).to(device)
+        gc.collect()
+        before = nt.stats()["tile_bytes"]
+        torch.manual_seed(5)
+        loss = ours(ids, labels=ids).loss
+        held = nt.stats()["tile_bytes"] - before
+        loss.backward()
+        out.append((held, float(loss.detach()), [p.grad.materialize().clone() if isinstance(p.grad, nt.TileTensor)
+                                                  else p.grad.clone() for p in ours.parameters()]))
+        del loss, ours, model
+    (held0, loss0, grads0), (held1, loss1, grads1) = out
+    assert held1 < 0.6 * held0, (held1, held0)
+    assert loss1 == loss0 and all(torch.equal(a, b) for a, b in zip(grads0, grads1))
+
+
 def test_structure_state_dict_and_ties(device):
     ref = gpt2(device)
     ours = nt.convert(copy.deepcopy(ref), tile_size=40)
