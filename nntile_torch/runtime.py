@@ -14,6 +14,7 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 # What the running runtime was started with (the normalized arguments of init), or None.
 _current = None
 _cuda_split = None
+_host_limit = None  # StarPU's host-RAM limit in bytes (given or default), None without one
 
 
 def parse_bytes(value, name):
@@ -74,6 +75,24 @@ def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, di
     return args
 
 
+def default_host_memory_limit(total=None):
+    """StarPU's host-RAM node when GPUs run and init gets no host_memory_limit: the machine's RAM (or its cgroup's
+    limit, if lower) less max(16 GiB, 1/8 of it), at least half of it. The rest is the process's own (torch,
+    Python, CUDA's pinned buffers) and the system's. With a limit, tiles beyond every memory node raise "out of
+    memory" when created; without one, StarPU fills the RAM and the kernel's OOM killer ends the process (13B at
+    batch 16 on the H200: SIGKILL at 122.6 GiB RSS). The H200 machine: 125.8 GiB of RAM -> 109.8 GiB."""
+    if total is None:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        try:
+            with open("/sys/fs/cgroup/memory.max") as f:
+                cap = f.read().strip()
+            if cap.isdigit():
+                total = min(total, int(cap))
+        except OSError:
+            pass
+    return max(total // 2, total - max(16 * 2**30, total // 8)) >> 20 << 20  # whole MiB, as StarPU takes it
+
+
 def _cuda_usable(ncuda):
     return _C.built_with_cuda and ncuda != 0 and torch.cuda.is_available()
 
@@ -85,16 +104,17 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     Defaults: every GPU; CPU workers on all cores without GPUs, one with GPUs (unless cpu_tasks=True): tile
     ops then run on the GPUs, and idle CPU workers only slowed the thread submitting the tasks (GPT-2 XL on an
     H200: submitting a step took 1.0-1.3 s with 15 CPU workers, 0.42-0.46 s with one). GPU memory for StarPU is
-    the device's total minus a share kept for torch's caching allocator (10%, at least 4 GiB); no host limit;
-    no disk node; scheduler "dmdas" with GPUs (data-aware, priorities), "lws" on CPUs alone. cpu_tasks: whether tile ops that have a
-    GPU kernel may also run on CPU workers; None (default) means only when no GPU worker runs. Allowing it with
+    the device's total minus a share kept for torch's caching allocator (10%, at least 4 GiB); host memory for
+    StarPU with GPUs default_host_memory_limit() (the RAM less max(16 GiB, 1/8)), on CPUs alone no limit (the
+    operating system decides); no disk node; scheduler "dmdas" with GPUs (data-aware, priorities), "lws" on CPUs
+    alone. cpu_tasks: whether tile ops that have a GPU kernel may also run on CPU workers; None (default) means only when no GPU worker runs. Allowing it with
     GPUs makes StarPU calibrate each new tile shape on a CPU core first (tens of seconds per GEMM shape at
     GPT-2 XL size) and then rarely pays off. places: how many devices the row tiles of activations are spread
     over (row tile i on place i mod places; default: the GPUs when there are two or more, else 1 = the scheduler
     decides); the results depend on places, never on the worker count. Calling init again with the same arguments
     does nothing; with other arguments while running raises RuntimeError (call shutdown() first).
     """
-    global _current, _cuda_split
+    global _current, _cuda_split, _host_limit
     args = _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler,
                       cpu_tasks, places)
     if _current is not None and _C.running():
@@ -117,8 +137,12 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     ncpus = args["ncpus"]
     if ncpus < 0 and cuda and cpu_tasks is not True:
         ncpus = 1
+    host_limit = args["host_memory_limit"]
+    if host_limit is None and cuda:
+        host_limit = default_host_memory_limit()
+    _host_limit = host_limit
     _C.init(ncpus, args["ncuda"], cuda_limit if cuda_limit is not None else -1,
-            args["host_memory_limit"] or -1, args["disk_path"] or "", args["disk_limit"] or -1, sched,
+            host_limit or -1, args["disk_path"] or "", args["disk_limit"] or -1, sched,
             -1 if cpu_tasks is None else int(cpu_tasks), -1 if places is None else places)
     _current = requested
 
@@ -132,9 +156,10 @@ def ensure_init():
 def shutdown():
     """Waits for every task and stops StarPU. Tile tensors still alive keep their values (as a dense copy) and
     get tiles again after the next init."""
-    global _current
+    global _current, _host_limit
     _C.shutdown(True)
     _current = None
+    _host_limit = None
 
 
 def is_running():
@@ -147,6 +172,7 @@ def info():
     ensure_init()
     d = _C.info()
     d["cuda_memory_split"] = _cuda_split
+    d["host_memory_limit_bytes"] = _host_limit
     d["places"] = _C.places()  # worker id of each place; empty when tasks are not pinned
     d["settings"] = dict(_current) if _current else None
     return d

@@ -26,6 +26,28 @@ def test_default_workers_with_a_gpu_are_the_gpus_and_one_cpu():
         nt.init()
         d = nt.info()
         assert d["workers"]["cuda"] == torch.cuda.device_count() and d["workers"]["cpu"] == 1
+        limit = nt.runtime.default_host_memory_limit()
+        assert d["host_memory_limit_bytes"] == limit  # with GPUs, host RAM is limited by default
+        host = [n for n in d["memory_nodes"] if n["kind"] == "cpu"]
+        assert host and all(limit - 2**20 < n["total_bytes"] <= limit for n in host), (host, limit)
+    finally:
+        nt.shutdown()
+
+
+def test_default_host_memory_limit():
+    """The RAM less max(16 GiB, 1/8), at least half of it; on CPUs alone no default limit."""
+    gib = 2**30
+    assert nt.runtime.default_host_memory_limit(135_100_000_000) == (135_100_000_000 - 16 * gib) >> 20 << 20  # H200
+    assert nt.runtime.default_host_memory_limit(512 * gib) == 448 * gib
+    assert nt.runtime.default_host_memory_limit(24 * gib) == 12 * gib
+    assert 0 < nt.runtime.default_host_memory_limit() < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    nt.shutdown()
+    try:
+        nt.init(ncpus=1, ncuda=0)
+        assert nt.info()["host_memory_limit_bytes"] is None
+        nt.shutdown()
+        nt.init(ncpus=1, ncuda=0, host_memory_limit="2GiB")
+        assert nt.info()["host_memory_limit_bytes"] == 2 * gib
     finally:
         nt.shutdown()
 
