@@ -9,8 +9,11 @@ nntile_torch.nn.Dropout (p = 0: nn.Identity); Hugging Face GPT2Attention keeps i
 attention as tile tasks (nntile_torch/nn/gpt2.py).
 Every other module keeps running as torch code on materialized TileTensors (correct, with host waits).
 """
+import sys
+
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from . import config
 from .nn import GELU, Conv1D, Dropout, Embedding, LayerNorm, Linear
@@ -70,7 +73,8 @@ def _swap(m, kw, home=None):
     return GELU(_HF_GELU[type(m).__name__], **tiles)
 
 
-def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=None, init_device=None):
+def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=None, init_device=None,
+            progress=None):
     """Swaps, in place, model's nn.Linear, Hugging Face Conv1D, nn.LayerNorm and GELU modules for nntile_torch
     ones (see the module docstring) and returns model. Parameters keep their names, shapes, values,
     requires_grad and ties (a weight shared by several modules, such as GPT-2's token embedding and LM head,
@@ -86,6 +90,9 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
     pass init=model._init_weights), they are copied into tiles and dropped. The tiles' home device (where
     inputs and materialized copies go) is then init_device. Parameters of modules convert() does not swap
     must not be on the meta device (the error names them).
+
+    progress: a progress bar over the modules on stderr (a 20B model on meta takes ~100 s); None shows it for
+    models of 1B parameters or more when stderr is a terminal.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert() takes a torch.nn.Module (got {type(model).__name__})")
@@ -106,7 +113,10 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
     meta_plan = any(p.is_meta for _, _, m in plan for p in m.parameters(recurse=False))
     home = _home_device(init_device) if meta_plan else None  # only meta modules need one
     keep = []
-    for parent, cname, old in plan:
+    if progress is None:
+        progress = sys.stderr.isatty() and sum(p.numel() for p in model.parameters()) >= 10**9
+    for parent, cname, old in tqdm(plan, desc="nntile_torch.convert", unit="module", disable=not progress,
+                                   file=sys.stderr, leave=False):
         ids = {pname: id(p) for pname, p in old.named_parameters(recurse=False)}
         keep.extend(old.parameters(recurse=False))  # alive, so their ids stay unique while ties are matched
         meta = any(p.is_meta for p in old.parameters(recurse=False))

@@ -205,6 +205,16 @@ def test_activation_checkpointing_drops_activations_and_keeps_results(device, re
     assert loss1 == loss0 and all(torch.equal(a, b) for a, b in zip(grads0, grads1))
 
 
+def test_convert_progress_bar(capsys):
+    """progress=True draws a bar over the modules on stderr; False (and the default for small models off a
+    terminal) draws none."""
+    nt.convert(gpt2("cpu", n_layer=1), progress=True)
+    assert "nntile_torch.convert" in capsys.readouterr().err
+    nt.convert(gpt2("cpu", n_layer=1), progress=False)
+    nt.convert(gpt2("cpu", n_layer=1))
+    assert "nntile_torch.convert" not in capsys.readouterr().err
+
+
 def test_structure_state_dict_and_ties(device):
     ref = gpt2(device)
     ours = nt.convert(copy.deepcopy(ref), tile_size=40)
