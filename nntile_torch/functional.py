@@ -145,16 +145,6 @@ class LinearFunction(torch.autograd.Function):
         return dx, dw, db, None, None, None
 
 
-def tiles_like(tiles, value, shape):
-    """value (dense or TileTensor) as C++ tiles with the shape and tiling of `tiles`."""
-    if isinstance(value, TileTensor) and value.tiles.same_tiling(tiles):
-        return value.tiles
-    dense = value.materialize() if isinstance(value, TileTensor) else value
-    t = _C.TileTensor(list(tiles.shape), list(tiles.tile_shape), "float32", "")
-    t.from_dense(dense.detach().reshape(tuple(tiles.shape)))
-    return t
-
-
 class GeluFunction(torch.autograd.Function):
     """y = gelu(x) elementwise ("none": erf form, "tanh": GPT-2's approximation). A TileTensor x keeps its own
     tiles; a dense x (..., N) is tiled as the matrix (prod(...), N) in tiles (batch_tile, tile)."""
@@ -173,7 +163,7 @@ class GeluFunction(torch.autograd.Function):
     def backward(ctx, dy):
         (xt,) = kept(ctx)
         dx = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "gelu.dx")
-        _C.gelu_backward(tiles_like(xt, dy, xt.shape), xt, dx, ctx.tanh)
+        _C.gelu_backward(tiles_of(xt.shape, xt.tile_shape, dy), xt, dx, ctx.tanh)
         return TileTensor(dx, ctx.x_shape, ctx.x_device), None, None, None
 
 
@@ -227,7 +217,7 @@ class LayerNormFunction(torch.autograd.Function):
         dx = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "layer_norm.dx")
         dw = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "layer_norm.dw")
         db = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "layer_norm.db")
-        _C.layer_norm_backward(tiles_like(xt, dy, xt.shape), xt, mean, rstd, wt, dx, dw, db)
+        _C.layer_norm_backward(tiles_of(xt.shape, xt.tile_shape, dy), xt, mean, rstd, wt, dx, dw, db)
         return (TileTensor(dx, ctx.x_shape, ctx.x_device), TileTensor(dw, wt.shape, ctx.w_device),
                 TileTensor(db, wt.shape, ctx.w_device), None, None)
 
@@ -254,7 +244,7 @@ class CausalAttentionFunction(torch.autograd.Function):
     def backward(ctx, dy):
         t, y = kept(ctx)
         dqkv = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "attention.dqkv")
-        _C.attention_backward(tiles_like(y, dy, y.shape), t, dqkv, ctx.seq, ctx.nheads, ctx.scale, ctx.bf16)
+        _C.attention_backward(tiles_of(y.shape, y.tile_shape, dy), t, dqkv, ctx.seq, ctx.nheads, ctx.scale, ctx.bf16)
         return TileTensor(dqkv, ctx.shape, ctx.device), None, None, None
 
 
@@ -318,7 +308,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     def backward(ctx, gout):
         (lab, lt, stats, acc, loss), mean, device = kept(ctx), ctx.mean, ctx.device
         dl = _C.TileTensor(list(lt.shape), list(lt.tile_shape), "float32", "ce.dlogits")
-        _C.cross_entropy_backward(lab, lt, stats, acc, tiles_like(loss, gout, (1,)), dl, mean)
+        _C.cross_entropy_backward(lab, lt, stats, acc, tiles_of(loss.shape, loss.tile_shape, gout), dl, mean)
         return TileTensor(dl, tuple(lt.shape), device), None, None
 
 
