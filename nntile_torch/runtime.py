@@ -186,6 +186,27 @@ def stats():
             "tile_bytes": _C.tile_bytes(), "peak_tile_bytes": _C.peak_tile_bytes()}
 
 
+def memory_summary(top=12):
+    """Where the tile bytes go: live tile tensors grouped by name and dtype (names such as "weight", "exp_avg",
+    "linear.y" tell parameters, optimizer states and activations apart), largest first, as a table string."""
+    groups = {}
+    for name, _shape, dtype, nbytes in _C.live_tile_tensors():
+        key = (name or "(unnamed)", dtype)
+        count, total = groups.get(key, (0, 0))
+        groups[key] = (count + 1, total + nbytes)
+    rows = sorted(groups.items(), key=lambda kv: -kv[1][1])
+    total = sum(b for _, (_, b) in rows)
+    lines = [f"tiles: {total / 2**30:.3f} GiB live, peak {_C.peak_tile_bytes() / 2**30:.3f} GiB",
+             f"{'name':<28} {'dtype':<9} {'tensors':>7} {'GiB':>9}"]
+    for (name, dtype), (count, nbytes) in rows[:top]:
+        lines.append(f"{name:<28} {dtype:<9} {count:>7} {nbytes / 2**30:>9.3f}")
+    if len(rows) > top:
+        rest = rows[top:]
+        lines.append(f"{'(' + str(len(rest)) + ' more groups)':<28} {'':<9} {sum(c for _, (c, _) in rest):>7} "
+                     f"{sum(b for _, (_, b) in rest) / 2**30:>9.3f}")
+    return "\n".join(lines)
+
+
 def reset_peak_stats():
     """Starts stats()["peak_tile_bytes"] again from the bytes live now (as torch.cuda.reset_peak_memory_stats)."""
     _C.reset_peak_tile_bytes()

@@ -283,3 +283,21 @@ def test_refusal_on_another_thread_and_tile_byte_counters():
         assert nt.stats()["peak_tile_bytes"] == base
     finally:
         nt.shutdown()
+
+
+def test_memory_summary_groups_live_tiles_by_name():
+    """memory_summary() adds up the live tiles per name and dtype, largest first."""
+    import gc
+    gc.collect()
+    a = [nt.TileTensor.empty((512, 1024), (256, 1024), name="probe.big") for _ in range(3)]  # 2 MiB each
+    b = nt.TileTensor.empty((256, 1024), (256, 1024), dtype=torch.bfloat16, name="probe.small")  # 0.5 MiB
+    text = nt.memory_summary(top=200)
+    rows = {ln.split()[0]: ln.split() for ln in text.splitlines()[2:]}
+    assert rows["probe.big"][1:] == ["float32", "3", f"{6 / 1024:.3f}"], text
+    assert rows["probe.small"][1:] == ["bfloat16", "1", f"{0.5 / 1024:.3f}"], text
+    names = [ln.split()[0] for ln in text.splitlines()[2:]]
+    assert names.index("probe.big") < names.index("probe.small")
+    assert text.startswith("tiles: ")
+    del a, b
+    gc.collect()
+    assert "probe.big" not in nt.memory_summary(top=200)
