@@ -71,7 +71,7 @@ starpu_libs = [f[2:] for f in pkg_config("--libs-only-l")]
 include_dirs = starpu_inc
 library_dirs = list(starpu_libdirs)
 libraries = list(starpu_libs)
-cxx_flags = ["-O3", "-std=c++20", "-fopenmp"]
+cxx_flags = ["-O3", "-std=c++20", "-fopenmp", f"-fmacro-prefix-map={here}/="]  # error messages name csrc/...
 link_args = ["-fopenmp"] + ["-Wl,-rpath," + d for d in starpu_libdirs]
 if sys.platform.startswith("linux"):
     # The C++ runtime torch itself uses, shared. The H200 machine's g++ linked a private static copy into the
@@ -98,7 +98,7 @@ if cuda:
         library_dirs.append(shim)
     libraries.append("cublas")
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
-    extra["nvcc"] = ["-O3", "-std=c++20"] + ["-I" + d for d in inc]
+    extra["nvcc"] = ["-O3", "-std=c++20", f"-Xcompiler=-fmacro-prefix-map={here}/="] + ["-I" + d for d in inc]
     Ext = cpp_extension.CUDAExtension
 else:
     Ext = cpp_extension.CppExtension

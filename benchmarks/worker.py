@@ -460,6 +460,8 @@ def run_attempt(spec, rank, world):
         res.update(status="unavailable", reason=str(e))
     except BaseException as e:  # noqa: BLE001  (anything else is recorded; the harness reads the file)
         traceback.print_exc()
+        if spec["backend"] == "nntile" and is_oom(e) and "nntile_torch" in sys.modules:
+            print(sys.modules["nntile_torch"].memory_summary(), flush=True)  # where the tile bytes went
         res.update(status="oom" if is_oom(e) else "error", reason=f"{type(e).__name__}: {e}".splitlines()[0][:500])
     finally:
         if monitor is not None:
