@@ -434,7 +434,8 @@ def parse_args(argv=None):
     g.add_argument("--ncpus", type=int, help="StarPU CPU workers (default StarPU's)")
     g.add_argument("--ncuda", type=int, help="StarPU CUDA workers (default: every GPU)")
     g.add_argument("--cuda-memory-limit", help="StarPU's share of each GPU, e.g. 120GiB")
-    g.add_argument("--host-memory-limit", help="StarPU's share of host RAM, e.g. 100GiB")
+    g.add_argument("--host-memory-limit", help="StarPU's share of host RAM, e.g. 100GiB (default: with GPUs, "
+                   "the RAM less max(16 GiB, 1/8); on CPUs alone, no limit)")
     g.add_argument("--disk-path", help="folder for a StarPU disk node")
     g.add_argument("--disk-limit", help="size of the disk node, e.g. 500GiB")
     g.add_argument("--scheduler", help="StarPU scheduler (default dmdas with GPUs, lws on CPUs)")

@@ -107,7 +107,7 @@ PYBIND11_MODULE(_C, m) {
     m.def("reset_peak_tile_bytes", &reset_peak_tile_bytes);
     m.def("live_tile_tensors", [] {
         py::list out;
-        for (const auto &t : live_tile_tensors()) out.append(py::make_tuple(t.name, t.shape, t.dtype, t.bytes));
+        for (const auto &t : live_tile_tensors()) out.append(py::make_tuple(t.name, t.dtype, t.bytes));
         return out;
     });
     m.def("blocking_waits", &blocking_waits);

@@ -7,7 +7,7 @@ import torch
 
 from . import _C
 from .runtime import host_tasks
-from .tensor import TileTensor
+from .tensor import _TILE_DTYPES, TileTensor
 
 
 def frees_saved(backward):
@@ -43,14 +43,14 @@ def kept(ctx):
     return [w.tiles for w in ctx.saved_tensors]
 
 
-def tiles_of(shape, tile_shape, value):
-    """value (dense or TileTensor) as float32 C++ tiles of that shape and tiling (its own tiles when they are)."""
+def tiles_of(shape, tile_shape, value, dtype=torch.float32):
+    """value (dense or TileTensor) as C++ tiles of that shape, tiling and dtype (its own tiles when they are)."""
     if isinstance(value, TileTensor) and list(value.tiles.shape) == list(shape) \
-            and list(value.tiles.tile_shape) == list(tile_shape) and value.tiles.dtype == "float32":
+            and list(value.tiles.tile_shape) == list(tile_shape) and value.tiles.dtype == _TILE_DTYPES[dtype]:
         return value.tiles
     dense = value.materialize() if isinstance(value, TileTensor) else value
-    t = _C.TileTensor(list(shape), list(tile_shape), "float32", "")
-    t.from_dense(dense.detach().reshape(tuple(shape)))
+    t = _C.TileTensor(list(shape), list(tile_shape), _TILE_DTYPES[dtype], "")
+    t.from_dense(dense.detach().to(dtype).reshape(tuple(shape)))
     return t
 
 

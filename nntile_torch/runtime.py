@@ -107,9 +107,9 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     the device's total minus a share kept for torch's caching allocator (10%, at least 4 GiB); host memory for
     StarPU with GPUs default_host_memory_limit() (the RAM less max(16 GiB, 1/8)), on CPUs alone no limit (the
     operating system decides); no disk node; scheduler "dmdas" with GPUs (data-aware, priorities), "lws" on CPUs
-    alone. cpu_tasks: whether tile ops that have a GPU kernel may also run on CPU workers; None (default) means only when no GPU worker runs. Allowing it with
-    GPUs makes StarPU calibrate each new tile shape on a CPU core first (tens of seconds per GEMM shape at
-    GPT-2 XL size) and then rarely pays off. places: how many devices the row tiles of activations are spread
+    alone. cpu_tasks: whether tile ops that have a GPU kernel may also run on CPU workers; None (default) means
+    only when no GPU worker runs. Allowing it with GPUs makes StarPU calibrate each new tile shape on a CPU core
+    first (tens of seconds per GEMM shape at GPT-2 XL size) and then rarely pays off. places: how many devices the row tiles of activations are spread
     over (row tile i on place i mod places; default: the GPUs when there are two or more, else 1 = the scheduler
     decides); the results depend on places, never on the worker count. Calling init again with the same arguments
     does nothing; with other arguments while running raises RuntimeError (call shutdown() first).
@@ -190,7 +190,7 @@ def memory_summary(top=12):
     """Where the tile bytes go: live tile tensors grouped by name and dtype (names such as "weight", "exp_avg",
     "linear.y" tell parameters, optimizer states and activations apart), largest first, as a table string."""
     groups = {}
-    for name, _shape, dtype, nbytes in _C.live_tile_tensors():
+    for name, dtype, nbytes in _C.live_tile_tensors():
         key = (name or "(unnamed)", dtype)
         count, total = groups.get(key, (0, 0))
         groups[key] = (count + 1, total + nbytes)

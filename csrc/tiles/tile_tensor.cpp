@@ -288,7 +288,7 @@ void reset_peak_tile_bytes() { peak_bytes().store(live_bytes().load()); }
 std::vector<LiveTileTensor> live_tile_tensors() {
     std::vector<LiveTileTensor> out;
     for (const TileTensor *t : live())
-        if (t->registered()) out.push_back({t->name(), t->shape(), dtype_name(t->dtype()), bytes_of(*t)});
+        if (t->registered()) out.push_back({t->name(), dtype_name(t->dtype()), bytes_of(*t)});
     return out;
 }
 

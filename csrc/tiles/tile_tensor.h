@@ -81,7 +81,6 @@ void reset_peak_tile_bytes();
 // Name and bytes of every tile tensor whose tiles are registered (where memory goes: nntile_torch.memory_summary).
 struct LiveTileTensor {
     std::string name;
-    std::vector<int64_t> shape;
     std::string dtype;
     int64_t bytes;
 };

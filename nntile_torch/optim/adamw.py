@@ -6,7 +6,7 @@ import os
 import warnings
 
 from .. import _C
-from ..functional import weight_bf16
+from ..functional import tiles_of, weight_bf16
 from ..runtime import host_tasks, info
 from ..tensor import TileTensor
 
@@ -25,14 +25,12 @@ def _evict_updated_first():
 
 
 def _tiles_like(param, value, dtype=torch.float32):
-    """value (dense or TileTensor) as a TileTensor of `dtype` tiled like param."""
-    if isinstance(value, TileTensor) and value.shape == param.shape and value.tiles.dtype == _STATE_DTYPES[dtype] \
-            and value.tiles.shape == param.tiles.shape and value.tiles.tile_shape == param.tiles.tile_shape:
-        return value  # (same_tiling would compare the dtypes too: bf16 moments were re-tiled through host RAM)
-    t = _C.TileTensor(list(param.tiles.shape), list(param.tiles.tile_shape), _STATE_DTYPES[dtype], "")
-    dense = value.materialize() if isinstance(value, TileTensor) else value
-    t.from_dense(dense.to(dtype).reshape(tuple(t.shape)))
-    return TileTensor(t, param.shape, param.device)
+    """value (dense or TileTensor) as a TileTensor of `dtype` tiled like param (value itself when it is: bf16
+    moments once failed that test, same_tiling comparing dtypes, and were re-tiled through host RAM every step)."""
+    tiles = tiles_of(param.tiles.shape, param.tiles.tile_shape, value, dtype)
+    if isinstance(value, TileTensor) and value.tiles is tiles and value.shape == param.shape:
+        return value
+    return TileTensor(tiles, param.shape, param.device)
 
 
 class AdamW(torch.optim.Optimizer):
