@@ -65,8 +65,8 @@ def parse_args(argv=None):
                         "batch split once per GPU)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--cuda-memory-limit", help="StarPU's share of GPU memory, e.g. 100GiB")
-    ap.add_argument("--host-memory-limit", help="StarPU's share of host RAM, e.g. 64GiB (default: with GPUs, the RAM less "
-                    "max(16 GiB, 1/8); on CPUs alone, no limit)")
+    ap.add_argument("--host-memory-limit", help="StarPU's share of host RAM, e.g. 64GiB (default: with GPUs, the "
+                    "RAM less max(16 GiB, 1/8); on CPUs alone, no limit)")
     ap.add_argument("--corpus-bytes", type=int, default=8 << 20, help="bytes of corpus to read (default 8 MiB)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compare-torch", action="store_true", help="train the unconverted model beside it")
