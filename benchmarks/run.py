@@ -214,10 +214,15 @@ def log_progress(log_text):
     steps = re.findall(r"^step \d+: ([0-9.]+) s, loss ([0-9.eE+-]+|nan|inf)", log_text, re.M)
     gpu = re.findall(r"^step \d+: .*peak GPU ([0-9.]+) GiB", log_text, re.M)
     tiles = re.findall(r"^step \d+: .*peak tiles ([0-9.]+) GiB", log_text, re.M)  # nntile's live tiles
+    # nntile's memory nodes, from a slow step's report or the stall report: what filled them
+    nodes = re.findall(r"(?:^step \d+ still running after \d+ s; memory nodes|no StarPU task finished.*Memory nodes): "
+                       r"(.*?)(?:\. A memory node.*)?$", log_text, re.M)
+    phase = re.findall(r"^(DeepSpeedCPUAdam: .*)$", log_text, re.M)  # slow phases the worker announces
     return {"setup_s": float(setup[-1]) if setup else None, "step_times": [float(t) for t, _ in steps],
             "losses": [float(v) for _, v in steps],
             "peak_gpu_bytes": int(float(gpu[-1]) * GiB) if gpu else None,
-            "peak_tile_bytes": int(float(tiles[-1]) * GiB) if tiles else None}
+            "peak_tile_bytes": int(float(tiles[-1]) * GiB) if tiles else None,
+            "memory_nodes": nodes[-1] if nodes else None, "last_phase": phase[-1][:200] if phase else None}
 
 
 def progress_words(prog):
@@ -230,6 +235,8 @@ def progress_words(prog):
         words.append(f"{n} step{'s' if n > 1 else ''} (last {prog['step_times'][-1]:.1f} s)")
     elif prog["setup_s"] is not None:
         words.append("no step finished")
+    elif prog.get("last_phase"):
+        words.append(f"during '{prog['last_phase']}'")
     return ", ".join(words)
 
 

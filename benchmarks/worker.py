@@ -408,10 +408,45 @@ def base_env(cuda):
     return env
 
 
+class SlowStepReport:
+    """nntile: while a step runs past `after` seconds, prints where each StarPU memory node's bytes are (live tiles'
+    valid copies, their only copies, stale buffers, other), again at 2x, 4x, ... that time. So an attempt cut by
+    its timeout says whether its nodes were full of tiles it needs or of copies StarPU could have dropped."""
+
+    def __init__(self, report, after=30.0):
+        self.report, self.after = report, after
+        self._step, self._t0, self._next = None, None, after
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def begin(self, step):
+        self._step, self._next, self._t0 = step, self.after, time.perf_counter()
+
+    def end(self):
+        self._t0 = None
+
+    def _run(self):
+        while not self._stop.wait(1.0):
+            t0 = self._t0
+            if t0 is None or time.perf_counter() - t0 < self._next:
+                continue
+            elapsed = time.perf_counter() - t0
+            self._next *= 2
+            try:
+                text = self.report()
+            except Exception as e:  # noqa: BLE001  (a report must never end the attempt)
+                text = f"unavailable ({type(e).__name__}: {e})"
+            print(f"step {self._step} still running after {elapsed:.0f} s; memory nodes: {text}", flush=True)
+
+    def stop(self):
+        self._stop.set()
+
+
 def run_attempt(spec, rank, world):
     cuda = torch.cuda.is_available() and not spec["cpu"]
     res = {"status": "ok", "reason": None, "rank": rank, "world": world}
-    monitor = None
+    monitor = slow = None
     try:
         setup = BACKENDS[spec["backend"]]
         if cuda:
@@ -432,13 +467,19 @@ def run_attempt(spec, rank, world):
         per_rank = spec["batch"] // world if spec["backend"] in ("fsdp", "fsdp2", "deepspeed") else spec["batch"]
         vocab = hf_config(spec["config"], spec["seq"]).vocab_size
         times, losses = [], []
+        if stats is not None:
+            slow = SlowStepReport(sys.modules["nntile_torch"].memory_nodes_report)
         for s in range(spec["warmup"] + spec["steps"]):
             ids = batch_ids(spec, s, vocab)[rank * per_rank:(rank + 1) * per_rank].to(device)
             sync()
             t = time.perf_counter()
+            if slow is not None:
+                slow.begin(s)
             loss = step(ids)
             value = float(loss.detach()) if torch.is_tensor(loss) else float(loss)  # a host wait, as when logging
             sync()
+            if slow is not None:
+                slow.end()
             times.append(time.perf_counter() - t)
             losses.append(value)
             # Memory so far on every line: an attempt that is killed later still tells the harness its peaks.
@@ -464,6 +505,8 @@ def run_attempt(spec, rank, world):
             print(sys.modules["nntile_torch"].memory_summary(), flush=True)  # where the tile bytes went
         res.update(status="oom" if is_oom(e) else "error", reason=f"{type(e).__name__}: {e}".splitlines()[0][:500])
     finally:
+        if slow is not None:
+            slow.stop()
         if monitor is not None:
             res["peak_gpu_bytes"] = monitor.stop()
             res["peak_torch_bytes"] = torch.cuda.max_memory_allocated()

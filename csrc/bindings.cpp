@@ -110,6 +110,22 @@ PYBIND11_MODULE(_C, m) {
         for (const auto &t : live_tile_tensors()) out.append(py::make_tuple(t.name, t.dtype, t.bytes));
         return out;
     });
+    m.def("memory_nodes", [] {
+        py::list out;
+        for (const auto &n : memory_nodes_tiles()) {
+            py::dict d;
+            d["name"] = n.name;
+            d["total_bytes"] = n.total;
+            d["used_bytes"] = n.used;
+            d["allocated_bytes"] = n.allocated;
+            d["valid_bytes"] = n.valid;
+            d["sole_bytes"] = n.sole;
+            d["stale_bytes"] = n.stale;
+            out.append(d);
+        }
+        return out;
+    });
+    m.def("memory_nodes_report", &memory_nodes_text);
     m.def("blocking_waits", &blocking_waits);
     m.def("wait_all", [] {
         py::gil_scoped_release nogil;

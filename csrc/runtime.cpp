@@ -28,6 +28,7 @@ extern "C" {
 
 #include "common.h"
 #include "cuda_device.h"
+#include "tiles/tile_tensor.h"
 
 namespace nntile {
 
@@ -188,8 +189,6 @@ void apply_placement() {
     for (auto *cl : codelet_registry()) place(cl);
 }
 
-double gib(starpu_ssize_t bytes) { return (double)bytes / (1 << 30); }
-
 // StarPU's watchdog calls this when no task finished for STARPU_WATCHDOG_TIMEOUT while tasks are pending. On the
 // H200, GPT models that overfill the GPU (13B on one, 13B and 20B on two) stalled like that in StarPU 1.3.10
 // (its eviction of written tiles to host RAM, and an allocation in host RAM, never completed): say so, with
@@ -199,17 +198,7 @@ void report_stall(void *) {
     const char *timeout = std::getenv("STARPU_WATCHDOG_TIMEOUT");
     os << std::fixed << std::setprecision(1) << "nntile_torch: no StarPU task finished for "
        << (timeout ? std::atof(timeout) / 1e6 : 0.0) << " s (" << starpu_task_nsubmitted()
-       << " tasks pending, " << starpu_task_nready() << " ready). Memory nodes:";
-    for (unsigned n = 0; n < starpu_memory_nodes_get_count(); ++n) {
-        char name[64];
-        starpu_memory_node_get_name(n, name, sizeof name);
-        starpu_ssize_t total = starpu_memory_get_total(n), avail = starpu_memory_get_available(n);
-        os << " " << name;
-        if (total > 0)
-            os << " " << gib(total - avail) << " of " << gib(total) << " GiB used;";
-        else
-            os << " (no limit);";
-    }
+       << " tasks pending, " << starpu_task_nready() << " ready). Memory nodes: " << memory_nodes_text() << ".";
     os << " A memory node at its limit is StarPU 1.3.10 failing to evict (docs/DESIGN.md, 'Runtime and memory'): "
           "use a smaller batch, AdamW(state_dtype=torch.bfloat16) or more GPUs. STARPU_WATCHDOG_CRASH=1 aborts "
           "here instead of waiting; STARPU_WATCHDOG_TIMEOUT (microseconds) sets the delay.\n";

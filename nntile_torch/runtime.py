@@ -186,6 +186,22 @@ def stats():
             "tile_bytes": _C.tile_bytes(), "peak_tile_bytes": _C.peak_tile_bytes()}
 
 
+def memory_nodes():
+    """Per StarPU memory node (host RAM, each GPU, a disk node): its limit and use in bytes (-1 without a limit) and
+    the bytes of live tiles with a buffer there (allocated_bytes), a valid copy there (valid_bytes), their only
+    valid copy there (sole_bytes), and a buffer holding no valid copy (stale_bytes). used - allocated is memory
+    StarPU holds beside live tiles (freed buffers it keeps for reuse, tiles being unregistered). A node that is
+    full of stale buffers or of copies valid elsewhere too is StarPU not evicting what it could."""
+    ensure_init()
+    return _C.memory_nodes()
+
+
+def memory_nodes_report():
+    """memory_nodes() as text, in GiB, one node after another (the same text as the stall report's)."""
+    ensure_init()
+    return _C.memory_nodes_report()
+
+
 def memory_summary(top=12):
     """Where the tile bytes go: live tile tensors grouped by name and dtype (names such as "weight", "exp_avg",
     "linear.y" tell parameters, optimizer states and activations apart), largest first, as a table string."""

@@ -161,6 +161,15 @@ def test_a_failed_attempt_keeps_how_far_it_came():
     assert progress_words(prog) == "setup 87 s, 3 steps (last 50.0 s)"
     assert progress_words(log_progress("setup: 3.0 s\n")) == "setup 3 s, no step finished"
     assert progress_words(log_progress("Traceback\n")) == ""
+    ds = "cmd\nDeepSpeedCPUAdam: loading (compiled on first use)\nW1201 Received 15 death signal\n"
+    assert progress_words(log_progress(ds)) == "during 'DeepSpeedCPUAdam: loading (compiled on first use)'"
+    slow = log + ("step 3 still running after 30 s; memory nodes: NUMA 0: 1.0 of 2.0 GiB used, tile buffers 0.5 GiB\n"
+                  "step 3 still running after 60 s; memory nodes: NUMA 0: 2.0 of 2.0 GiB used, tile buffers 1.5 GiB\n")
+    assert log_progress(slow)["memory_nodes"] == "NUMA 0: 2.0 of 2.0 GiB used, tile buffers 1.5 GiB"
+    stall = ("nntile_torch: no StarPU task finished for 60.0 s (9 tasks pending, 0 ready). Memory nodes: NUMA 0: 2.0 "
+             "of 2.0 GiB used, tile buffers 2.0 GiB (valid 1.0). A memory node at its limit is ...\n")
+    assert log_progress(stall)["memory_nodes"] == "NUMA 0: 2.0 of 2.0 GiB used, tile buffers 2.0 GiB (valid 1.0)"
+    assert log_progress(log)["memory_nodes"] is None
     assert signal_reason(-11) == "killed by signal 11 (SIGSEGV, a crash in native code)"
     assert signal_reason(-9).startswith("killed by signal 9 (SIGKILL, out of host memory?")
     assert signal_reason(1) is None and signal_reason(0) is None and signal_reason(None) is None
@@ -180,3 +189,26 @@ def test_attempts_that_differ_only_in_settings_stay_apart():
     a, b = dict(base, settings={}), dict(base, settings={"NNTILE_EVICT_WONT_USE_FIRST": "1"})
     assert len(latest([a, b], "throughput")) == 2 and len(latest([a, dict(a)], "throughput")) == 1
     assert variant(a) == "stepbwd" and variant(b) == "stepbwd NNTILE_EVICT_WONT_USE_FIRST=1"
+
+
+def test_a_slow_nntile_step_reports_its_memory_nodes_in_the_log(capsys):
+    """A step past `after` seconds prints the memory nodes (once per doubling), in the form log_progress() keeps
+    for an attempt that times out; a step that ends before that prints nothing."""
+    import time
+    from benchmarks.run import log_progress
+    from benchmarks.worker import SlowStepReport
+    calls = []
+    slow = SlowStepReport(lambda: calls.append(1) or "NUMA 0: 2.0 of 2.0 GiB used", after=0.3)
+    try:
+        slow.begin(0)
+        slow.end()
+        time.sleep(1.2)
+        assert calls == []
+        slow.begin(3)
+        time.sleep(2.5)
+        slow.end()
+    finally:
+        slow.stop()
+    out = capsys.readouterr().out
+    assert 1 <= len(calls) <= 3 and out.count("step 3 still running after") == len(calls), out
+    assert log_progress(out)["memory_nodes"] == "NUMA 0: 2.0 of 2.0 GiB used"

@@ -183,6 +183,37 @@ def test_tiles_beyond_every_memory_node_raise_instead_of_hanging():
         nt.shutdown()
 
 
+def test_memory_nodes_count_each_tile_where_its_copies_are():
+    """memory_nodes(): a tile written on the host has a valid buffer there, its only copy; reading it keeps one
+    copy; dropping the tensor gives its bytes back. memory_nodes_report() is the stall report's text."""
+    nt.shutdown()
+    try:
+        nt.init(ncpus=1, ncuda=0, host_memory_limit="64MiB")
+        import gc
+        gc.collect()
+        before = nt.memory_nodes()[0]
+        assert before["name"] == "NUMA 0" and before["total_bytes"] == 64 * 2**20
+        a = nt.TileTensor.from_dense(torch.randn(1000, 300), (256, 300))  # 4 tiles, the last one partial
+        b = nt.TileTensor.from_dense(torch.randn(77, 5), (77, 5))
+        nbytes = (1000 * 300 + 77 * 5) * 4
+        assert a.materialize().shape == (1000, 300)  # reading it back moves nothing: one copy stays
+        nt.synchronize()
+        host = nt.memory_nodes()[0]
+        for k in ("allocated_bytes", "valid_bytes", "sole_bytes"):
+            assert host[k] - before[k] == nbytes, (k, host, before)
+        assert host["stale_bytes"] == before["stale_bytes"]
+        assert host["used_bytes"] >= host["allocated_bytes"]
+        text = nt.memory_nodes_report()
+        assert text.startswith("NUMA 0: ") and "of 0.1 GiB used, tile buffers" in text and "the only valid copy" in text
+        del a, b
+        gc.collect()
+        nt.synchronize()
+        after = nt.memory_nodes()[0]
+        assert after["valid_bytes"] == before["valid_bytes"] and after["allocated_bytes"] == before["allocated_bytes"]
+    finally:
+        nt.shutdown()
+
+
 def test_a_task_stalling_past_the_watchdog_is_reported_with_memory_nodes():
     """When no task finishes for STARPU_WATCHDOG_TIMEOUT (default 2 minutes; here 0.2 s and one task of
     seconds), the runtime says so on stderr with what each memory node holds, and the work still completes."""
@@ -202,6 +233,7 @@ def test_a_task_stalling_past_the_watchdog_is_reported_with_memory_nodes():
     msg = [ln for ln in out.stderr.splitlines() if ln.startswith("nntile_torch: no StarPU task finished for 0.2 s")]
     assert msg, out.stderr[-2000:]
     assert "tasks pending" in msg[0] and "GiB used" in msg[0] and "of 2.0 GiB" in msg[0], msg[0]
+    assert "NUMA 0: " in msg[0] and "tile buffers" in msg[0] and "the only valid copy" in msg[0], msg[0]
 
 
 def test_host_memory_node_is_the_machines_ram():

@@ -2,7 +2,9 @@
 #include "tile_tensor.h"
 
 #include <atomic>
+#include <iomanip>
 #include <mutex>
+#include <sstream>
 #include <unordered_set>
 
 #include "../cuda_device.h"
@@ -18,6 +20,18 @@ namespace {
 std::unordered_set<TileTensor *> &live() {
     static std::unordered_set<TileTensor *> s;
     return s;
+}
+
+// Guards live(): tile tensors come and go on torch's autograd thread as well, and the stall report reads the set
+// from StarPU's watchdog thread.
+std::mutex &live_mutex() {
+    static std::mutex m;
+    return m;
+}
+
+std::vector<TileTensor *> live_snapshot() {
+    std::lock_guard<std::mutex> lock(live_mutex());
+    return {live().begin(), live().end()};
 }
 
 // Bytes of all tiles with registered handles: one copy of each must fit somewhere.
@@ -61,7 +75,7 @@ Capacity capacity() {
 void install_shutdown_hook() {
     static bool done = [] {
         add_shutdown_hook([](bool keep_data) {
-            for (TileTensor *t : live()) t->release_handles(keep_data);
+            for (TileTensor *t : live_snapshot()) t->release_handles(keep_data);
         });
         return true;
     }();
@@ -132,11 +146,15 @@ TileTensor::TileTensor(std::vector<int64_t> shape, std::vector<int64_t> tile_sha
     NNTILE_CHECK(tile_elems < (int64_t(1) << 32), "a tile must hold fewer than 2^32 elements (got " << tile_elems << ")");
     install_shutdown_hook();
     ensure_handles();
+    std::lock_guard<std::mutex> lock(live_mutex());
     live().insert(this);
 }
 
 TileTensor::~TileTensor() {
-    live().erase(this);
+    {
+        std::lock_guard<std::mutex> lock(live_mutex());
+        live().erase(this);
+    }
     if (runtime_running() && !handles_.empty()) {
         for (auto h : handles_) starpu_data_unregister_submit(h);
         live_bytes().fetch_sub(bytes_of(*this));
@@ -287,9 +305,63 @@ void reset_peak_tile_bytes() { peak_bytes().store(live_bytes().load()); }
 
 std::vector<LiveTileTensor> live_tile_tensors() {
     std::vector<LiveTileTensor> out;
+    std::lock_guard<std::mutex> lock(live_mutex());
     for (const TileTensor *t : live())
         if (t->registered()) out.push_back({t->name(), dtype_name(t->dtype()), bytes_of(*t)});
     return out;
+}
+
+std::vector<NodeTiles> memory_nodes_tiles() {
+    const unsigned nnodes = starpu_memory_nodes_get_count();
+    std::vector<NodeTiles> out(nnodes);
+    for (unsigned n = 0; n < nnodes; ++n) {
+        char name[64];
+        starpu_memory_node_get_name(n, name, sizeof name);
+        out[n].name = name;
+        out[n].total = starpu_memory_get_total(n);
+        if (out[n].total > 0) out[n].used = out[n].total - starpu_memory_get_available(n);
+    }
+    std::lock_guard<std::mutex> lock(live_mutex());  // a tensor being destroyed waits here, so its handles stay
+    for (const TileTensor *t : live()) {
+        for (auto h : t->handles_) {
+            const int64_t bytes = (int64_t)starpu_data_get_size(h);
+            int nvalid = 0, last = -1;
+            for (unsigned n = 0; n < nnodes; ++n) {
+                // StarPU reads these without its lock ("just a hint"): exact when nothing moves, as in a stall.
+                int allocated = 0, valid = 0;
+                starpu_data_query_status(h, (int)n, &allocated, &valid, nullptr);
+                if (allocated) out[n].allocated += bytes;
+                if (valid) {
+                    out[n].valid += bytes;
+                    ++nvalid;
+                    last = (int)n;
+                } else if (allocated) {
+                    out[n].stale += bytes;
+                }
+            }
+            if (nvalid == 1) out[last].sole += bytes;
+        }
+    }
+    return out;
+}
+
+std::string memory_nodes_text() {
+    auto gib = [](int64_t b) { return (double)b / (1 << 30); };
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(1);
+    bool first = true;
+    for (const auto &n : memory_nodes_tiles()) {
+        os << (first ? "" : "; ") << n.name << ": ";
+        first = false;
+        if (n.total > 0)
+            os << gib(n.used) << " of " << gib(n.total) << " GiB used";
+        else
+            os << "no limit";
+        os << ", tile buffers " << gib(n.allocated) << " GiB (valid " << gib(n.valid) << ", the only valid copy "
+           << gib(n.sole) << ", stale " << gib(n.stale) << ")";
+        if (n.total > 0) os << ", other " << gib(n.used - n.allocated) << " GiB";
+    }
+    return os.str();
 }
 
 void TileTensor::release_handles(bool keep_data) {

@@ -11,6 +11,8 @@
 
 namespace nntile {
 
+struct NodeTiles;  // memory_nodes_tiles(), below
+
 // Tile (i0, i1, ...) covers [i_d * tile_shape[d], min((i_d + 1) * tile_shape[d], shape[d])) in every dimension,
 // so edge tiles may be partial. Each tile is a contiguous row-major array of its own extent, registered as a
 // StarPU vector with home node -1: StarPU allocates it where it is first needed and may move or evict it.
@@ -67,6 +69,7 @@ class TileTensor {
     DType dtype_;
     std::string name_;
     std::vector<starpu_data_handle_t> handles_;
+    friend std::vector<NodeTiles> memory_nodes_tiles();
     torch::Tensor saved_;  // dense copy held across a runtime restart
     int64_t version_ = 0;
 };
@@ -85,5 +88,17 @@ struct LiveTileTensor {
     int64_t bytes;
 };
 std::vector<LiveTileTensor> live_tile_tensors();
+
+// Per StarPU memory node: its limit and use (-1 without a limit), and the bytes of tiles with a buffer there
+// (allocated), with a valid copy there (valid), whose only valid copy is there (sole), and with a buffer there
+// that holds no valid copy (stale). used - allocated is memory StarPU holds outside live tiles (its cache of freed
+// buffers, tiles being unregistered). Where a full node's memory goes: the stall report prints it.
+struct NodeTiles {
+    std::string name;
+    int64_t total = -1, used = -1, allocated = 0, valid = 0, sole = 0, stale = 0;
+};
+std::vector<NodeTiles> memory_nodes_tiles();
+// The same as text, node after node joined by "; ", in GiB: the stall report's and memory_nodes_report()'s.
+std::string memory_nodes_text();
 
 }  // namespace nntile
