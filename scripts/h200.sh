@@ -103,6 +103,13 @@ for step in "$@"; do
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
           .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
       fi
+      if [[ ${BENCH_ARGS:-} == *deepspeed* ]] && python3 -c "import deepspeed" 2>/dev/null; then
+        # DeepSpeedCPUAdam compiles on first use (minutes; an XL attempt was cut at 62 s while compiling): build it
+        # once here, outside the attempts' budget; torch's extension cache keeps it for every attempt after.
+        t1=$(date +%s)
+        timeout 420 python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
+          >"$OUT/ds_cpu_adam.log" 2>&1; echo "DeepSpeedCPUAdam build: rc=$?, $(( $(date +%s) - t1 )) s" | tee -a "$OUT/bench.log"
+      fi
       bdir=/tmp/bench; rc=0; end=$(( $(date +%s) + ${BENCH_BUDGET:-420} ))  # seconds for all plans together
       IFS=';' read -ra plans <<< "${BENCH_ARGS:---backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024}"
       for plan in "${plans[@]}"; do  # a plan may start with VAR=value settings for its attempts
