@@ -126,6 +126,8 @@ PYBIND11_MODULE(_C, m) {
         return out;
     });
     m.def("memory_nodes_report", &memory_nodes_text);
+    m.def("host_home_budget", &host_home_budget);
+    m.def("host_homed_bytes", &host_homed_bytes);
     m.def("blocking_waits", &blocking_waits);
     m.def("wait_all", [] {
         py::gil_scoped_release nogil;
@@ -134,10 +136,13 @@ PYBIND11_MODULE(_C, m) {
 
     py::class_<TileTensor, TileTensorPtr>(m, "TileTensor")
         .def(py::init([](std::vector<int64_t> shape, std::vector<int64_t> tile_shape, const std::string &dtype,
-                         const std::string &name) {
-                 return std::make_shared<TileTensor>(shape, tile_shape, parse_dtype(dtype), name);
+                         const std::string &name, bool persistent) {
+                 return std::make_shared<TileTensor>(shape, tile_shape, parse_dtype(dtype), name, persistent);
              }),
-             py::arg("shape"), py::arg("tile_shape"), py::arg("dtype") = "float32", py::arg("name") = "")
+             py::arg("shape"), py::arg("tile_shape"), py::arg("dtype") = "float32", py::arg("name") = "",
+             py::arg("persistent") = false)
+        .def_property_readonly("persistent", &TileTensor::persistent)
+        .def_property_readonly("host_homed", &TileTensor::host_homed)
         .def_property_readonly("shape", &TileTensor::shape)
         .def_property_readonly("tile_shape", &TileTensor::tile_shape)
         .def_property_readonly("grid", &TileTensor::grid)

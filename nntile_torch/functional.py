@@ -43,13 +43,14 @@ def kept(ctx):
     return [w.tiles for w in ctx.saved_tensors]
 
 
-def tiles_of(shape, tile_shape, value, dtype=torch.float32):
-    """value (dense or TileTensor) as C++ tiles of that shape, tiling and dtype (its own tiles when they are)."""
+def tiles_of(shape, tile_shape, value, dtype=torch.float32, name="", persistent=False):
+    """value (dense or TileTensor) as C++ tiles of that shape, tiling and dtype (its own tiles when they are; new
+    ones get `name` and `persistent`, see TileTensor.empty)."""
     if isinstance(value, TileTensor) and list(value.tiles.shape) == list(shape) \
             and list(value.tiles.tile_shape) == list(tile_shape) and value.tiles.dtype == _TILE_DTYPES[dtype]:
         return value.tiles
     dense = value.materialize() if isinstance(value, TileTensor) else value
-    t = _C.TileTensor(list(shape), list(tile_shape), _TILE_DTYPES[dtype], "")
+    t = _C.TileTensor(list(shape), list(tile_shape), _TILE_DTYPES[dtype], name, persistent)
     t.from_dense(dense.detach().to(dtype).reshape(tuple(shape)))
     return t
 

@@ -58,12 +58,13 @@ class TileTensor(torch.Tensor):
 
     # --- construction -------------------------------------------------------------------------------------
     @classmethod
-    def empty(cls, shape, tile_shape, device=None, dtype=torch.float32, name=""):
-        """Uninitialised tiles (write them before reading)."""
+    def empty(cls, shape, tile_shape, device=None, dtype=torch.float32, name="", persistent=False):
+        """Uninitialised tiles (write them before reading). persistent: a tensor that lives as long as the model
+        (parameters, optimizer states), which may get home buffers in host RAM (NNTILE_HOST_HOMES)."""
         ensure_init()
         if dtype not in _TILE_DTYPES:
             raise TypeError(f"tile dtype must be torch.float32 or torch.bfloat16 (got {dtype})")
-        return cls(_C.TileTensor(list(shape), list(tile_shape), _TILE_DTYPES[dtype], name), device=device)
+        return cls(_C.TileTensor(list(shape), list(tile_shape), _TILE_DTYPES[dtype], name, persistent), device=device)
 
     @classmethod
     def from_dense(cls, tensor, tile_shape, tiled_shape=None):
@@ -103,7 +104,7 @@ class TileTensor(torch.Tensor):
         if t.dtype == "float32":
             tiles = _copy_tiles(self)
         else:
-            tiles = _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, t.name)
+            tiles = _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, t.name, t.persistent)
             tiles.from_dense(self.materialize().reshape(tuple(t.shape)))
         new = TileTensor(tiles, self.shape, self.device, requires_grad=self.requires_grad)
         if getattr(self, "_is_param", False):
@@ -137,7 +138,7 @@ def _like(src, tiles, device=None):
 
 def _copy_tiles(src):
     t = src._tiles
-    new = _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, t.name)
+    new = _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, t.name, t.persistent)
     _C.add(1.0, t, 0.0, new)
     return new
 

@@ -128,8 +128,10 @@ torch::Tensor block_of(torch::Tensor dense, const std::vector<int64_t> &index, c
 
 }  // namespace
 
-TileTensor::TileTensor(std::vector<int64_t> shape, std::vector<int64_t> tile_shape, DType dtype, std::string name)
-    : shape_(std::move(shape)), tile_shape_(std::move(tile_shape)), dtype_(dtype), name_(std::move(name)) {
+TileTensor::TileTensor(std::vector<int64_t> shape, std::vector<int64_t> tile_shape, DType dtype, std::string name,
+                       bool persistent)
+    : shape_(std::move(shape)), tile_shape_(std::move(tile_shape)), dtype_(dtype), name_(std::move(name)),
+      persistent_(persistent) {
     NNTILE_CHECK(shape_.size() == tile_shape_.size(), "tile shape must have one entry per dimension (shape has "
                                                           << shape_.size() << ", tile shape " << tile_shape_.size()
                                                           << ")");
@@ -156,7 +158,13 @@ TileTensor::~TileTensor() {
         live().erase(this);
     }
     if (runtime_running() && !handles_.empty()) {
-        for (auto h : handles_) starpu_data_unregister_submit(h);
+        if (homes_.empty()) {
+            for (auto h : handles_) starpu_data_unregister_submit(h);
+        } else {  // the buffers are ours: wait for the tasks using them, then free
+            KeepCudaDevice keep;
+            for (auto h : handles_) starpu_data_unregister_no_coherency(h);
+            free_homes();
+        }
         live_bytes().fetch_sub(bytes_of(*this));
     }
 }
@@ -215,11 +223,16 @@ void TileTensor::ensure_handles() {
                                    "tensors");
     }
     note_peak(total);
+    const bool homed = persistent_ && allocate_homes();
     handles_.resize(ntiles());
     for (int64_t t = 0; t < ntiles(); ++t) {
         int64_t n = 1;
         for (auto e : tile_extents(t)) n *= e;
-        starpu_vector_data_register(&handles_[t], -1, 0, (uint32_t)n, dtype_size(dtype_));
+        if (homed)
+            starpu_vector_data_register(&handles_[t], STARPU_MAIN_RAM, (uintptr_t)homes_[t], (uint32_t)n,
+                                        dtype_size(dtype_));
+        else
+            starpu_vector_data_register(&handles_[t], -1, 0, (uint32_t)n, dtype_size(dtype_));
     }
     if (saved_.defined()) {
         torch::Tensor saved = saved_;
@@ -311,6 +324,71 @@ std::vector<LiveTileTensor> live_tile_tensors() {
     return out;
 }
 
+namespace {
+
+std::atomic<int64_t> &homed_bytes() {
+    static std::atomic<int64_t> b{0};
+    return b;
+}
+
+// Pinned (cudaHostAlloc when CUDA workers run: asynchronous copies), counted against StarPU's host limit, and
+// failing instead of evicting when that limit is reached (the tensor then goes without homes).
+constexpr int kHomeFlags = STARPU_MALLOC_PINNED | STARPU_MALLOC_COUNT | STARPU_MALLOC_NORECLAIM;
+
+size_t tile_bytes_of(const TileTensor &t, int64_t linear) {
+    int64_t n = 1;
+    for (auto e : t.tile_extents(linear)) n *= e;
+    return (size_t)n * dtype_size(t.dtype());
+}
+
+}  // namespace
+
+int64_t host_home_budget() {
+    const char *v = std::getenv("NNTILE_HOST_HOMES");
+    if (!v || !*v) return 0;
+    char *end = nullptr;
+    double x = std::strtod(v, &end);
+    std::string unit = end ? std::string(end) : std::string();
+    if (unit.empty() && x == 1.0) {  // 1: most of StarPU's host node, leaving room for tiles without homes
+        starpu_ssize_t total = starpu_memory_get_total(STARPU_MAIN_RAM);
+        return total > 0 ? (int64_t)(0.85 * (double)total) : 0;
+    }
+    const std::pair<const char *, double> units[] = {{"", 1.0}, {"B", 1.0}, {"KiB", 1024.0}, {"MiB", 1048576.0},
+                                                     {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+    for (const auto &u : units)
+        if (unit == u.first) return (int64_t)(x * u.second);
+    NNTILE_CHECK(false, "NNTILE_HOST_HOMES must be 0, 1 or a size such as 90GiB (got '" << v << "')");
+    return 0;
+}
+
+int64_t host_homed_bytes() { return homed_bytes().load(); }
+
+bool TileTensor::allocate_homes() {
+    const int64_t budget = host_home_budget(), bytes = bytes_of(*this);
+    if (budget <= 0) return false;
+    if (homed_bytes().fetch_add(bytes) + bytes > budget) {
+        homed_bytes().fetch_sub(bytes);
+        return false;
+    }
+    homes_.assign(ntiles(), nullptr);
+    for (int64_t t = 0; t < ntiles(); ++t) {
+        if (starpu_malloc_flags(&homes_[t], tile_bytes_of(*this, t), kHomeFlags) != 0) {
+            homes_[t] = nullptr;
+            free_homes();  // the host limit is reached: this tensor goes without homes
+            return false;
+        }
+    }
+    return true;
+}
+
+void TileTensor::free_homes() {
+    if (homes_.empty()) return;
+    for (int64_t t = 0; t < (int64_t)homes_.size(); ++t)
+        if (homes_[t]) starpu_free_flags(homes_[t], tile_bytes_of(*this, t), kHomeFlags);
+    homes_.clear();
+    homed_bytes().fetch_sub(bytes_of(*this));
+}
+
 std::vector<NodeTiles> memory_nodes_tiles() {
     const unsigned nnodes = starpu_memory_nodes_get_count();
     std::vector<NodeTiles> out(nnodes);
@@ -370,6 +448,7 @@ void TileTensor::release_handles(bool keep_data) {
     KeepCudaDevice keep;  // unregistering frees GPU buffers from this thread
     for (auto h : handles_) starpu_data_unregister(h);
     handles_.clear();
+    free_homes();
     live_bytes().fetch_sub(bytes_of(*this));
 }
 

@@ -17,9 +17,14 @@ struct NodeTiles;  // memory_nodes_tiles(), below
 // so edge tiles may be partial. Each tile is a contiguous row-major array of its own extent, registered as a
 // StarPU vector with home node -1: StarPU allocates it where it is first needed and may move or evict it.
 // Handles are unregistered (asynchronously, after the tasks using them) when the tensor dies.
+// A persistent tensor (parameters, optimizer states) gets, while NNTILE_HOST_HOMES allows (host_home_budget()),
+// a home buffer per tile in pinned host RAM instead: StarPU then evicts its GPU copies into a buffer that is
+// always there (a clean copy is just dropped) and never needs a host allocation to do so. Such a tensor's
+// handles are unregistered synchronously when it dies (its buffers are freed after).
 class TileTensor {
   public:
-    TileTensor(std::vector<int64_t> shape, std::vector<int64_t> tile_shape, DType dtype, std::string name = "");
+    TileTensor(std::vector<int64_t> shape, std::vector<int64_t> tile_shape, DType dtype, std::string name = "",
+               bool persistent = false);
     ~TileTensor();
     TileTensor(const TileTensor &) = delete;
     TileTensor &operator=(const TileTensor &) = delete;
@@ -33,6 +38,9 @@ class TileTensor {
     int64_t numel() const;
     const std::string &name() const { return name_; }
     bool registered() const { return !handles_.empty(); }
+    bool persistent() const { return persistent_; }
+    // Whether its tiles have home buffers in host RAM now (persistent, and within the budget when registered).
+    bool host_homed() const { return !homes_.empty(); }
 
     // Extent of one tile along dim d (partial at the edge).
     int64_t tile_extent(int64_t d, int64_t index) const;
@@ -70,6 +78,10 @@ class TileTensor {
     std::string name_;
     std::vector<starpu_data_handle_t> handles_;
     friend std::vector<NodeTiles> memory_nodes_tiles();
+    bool persistent_ = false;
+    std::vector<void *> homes_;  // one pinned host buffer per tile when host-homed, else empty
+    bool allocate_homes();
+    void free_homes();
     torch::Tensor saved_;  // dense copy held across a runtime restart
     int64_t version_ = 0;
 };
@@ -100,5 +112,10 @@ struct NodeTiles {
 std::vector<NodeTiles> memory_nodes_tiles();
 // The same as text, node after node joined by "; ", in GiB: the stall report's and memory_nodes_report()'s.
 std::string memory_nodes_text();
+
+// Bytes of persistent tiles that may have home buffers in host RAM (NNTILE_HOST_HOMES: unset or 0: none; 1: 85% of
+// StarPU's host node; or a size such as 90GiB), and the bytes that have them now.
+int64_t host_home_budget();
+int64_t host_homed_bytes();
 
 }  // namespace nntile

@@ -46,7 +46,8 @@ class Embedding(nn.Module):
             raise ValueError(f"embedding_dim ({embedding_dim}) must fit in one tile (tile_size {self.tile_size})")
         self.batch_tile_size = config.check_tile(batch_tile_size, "batch_tile_size") or config.DEFAULT_BATCH_TILE_SIZE
         t = self.tile_size
-        self.weight = nn.Parameter(TileTensor.empty((num_embeddings, embedding_dim), (t, t), device, name="weight"))
+        self.weight = nn.Parameter(TileTensor.empty((num_embeddings, embedding_dim), (t, t), device, name="weight",
+                                                    persistent=True))
         self.reset_parameters()
 
     def reset_parameters(self):

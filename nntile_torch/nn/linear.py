@@ -38,9 +38,11 @@ class Linear(nn.Module):
         self.batch_tile_size = config.check_tile(batch_tile_size, "batch_tile_size") or config.DEFAULT_BATCH_TILE_SIZE
         self.precision = config.check_precision(precision)
         t = self.tile_size
-        self.weight = nn.Parameter(TileTensor.empty((out_features, in_features), (t, t), device, name="weight"))
+        self.weight = nn.Parameter(TileTensor.empty((out_features, in_features), (t, t), device, name="weight",
+                                                    persistent=True))
         if bias:
-            self.bias = nn.Parameter(TileTensor.empty((out_features,), (t,), device, name="bias"))
+            self.bias = nn.Parameter(TileTensor.empty((out_features,), (t,), device, name="bias",
+                                                      persistent=True))
         else:
             self.register_parameter("bias", None)
         self.reset_parameters()
@@ -104,8 +106,8 @@ class Conv1D(Linear):
         self.batch_tile_size = config.check_tile(batch_tile_size, "batch_tile_size") or config.DEFAULT_BATCH_TILE_SIZE
         self.precision = config.check_precision(precision)
         t = self.tile_size
-        self.weight = nn.Parameter(TileTensor.empty((nx, nf), (t, t), device, name="weight"))
-        self.bias = nn.Parameter(TileTensor.empty((nf,), (t,), device, name="bias"))
+        self.weight = nn.Parameter(TileTensor.empty((nx, nf), (t, t), device, name="weight", persistent=True))
+        self.bias = nn.Parameter(TileTensor.empty((nf,), (t,), device, name="bias", persistent=True))
         self.reset_parameters()
 
     def reset_parameters(self):

@@ -45,8 +45,8 @@ class LayerNorm(nn.Module):
         self.elementwise_affine = True
         self.batch_tile_size = config.check_tile(batch_tile_size, "batch_tile_size") or config.DEFAULT_BATCH_TILE_SIZE
         c = normalized_shape[0]
-        self.weight = nn.Parameter(TileTensor.empty((c,), (c,), device, name="weight"))
-        self.bias = nn.Parameter(TileTensor.empty((c,), (c,), device, name="bias"))
+        self.weight = nn.Parameter(TileTensor.empty((c,), (c,), device, name="weight", persistent=True))
+        self.bias = nn.Parameter(TileTensor.empty((c,), (c,), device, name="bias", persistent=True))
         self.reset_parameters()
 
     def reset_parameters(self):

@@ -24,10 +24,10 @@ def _evict_updated_first():
     return os.environ.get("NNTILE_EVICT_WONT_USE_FIRST", "0") == "1"
 
 
-def _tiles_like(param, value, dtype=torch.float32):
+def _tiles_like(param, value, dtype=torch.float32, name="", persistent=False):
     """value (dense or TileTensor) as a TileTensor of `dtype` tiled like param (value itself when it is: bf16
     moments once failed that test, same_tiling comparing dtypes, and were re-tiled through host RAM every step)."""
-    tiles = tiles_of(param.tiles.shape, param.tiles.tile_shape, value, dtype)
+    tiles = tiles_of(param.tiles.shape, param.tiles.tile_shape, value, dtype, name, persistent)
     if isinstance(value, TileTensor) and value.tiles is tiles and value.shape == param.shape:
         return value
     return TileTensor(tiles, param.shape, param.device)
@@ -175,10 +175,11 @@ class AdamW(torch.optim.Optimizer):
         if fresh:
             shape, tile = list(p.tiles.shape), list(p.tiles.tile_shape)
             for name in ("exp_avg", "exp_avg_sq"):
-                state[name] = TileTensor(_C.TileTensor(shape, tile, _STATE_DTYPES[dtype], name), p.shape, p.device)
+                state[name] = TileTensor(_C.TileTensor(shape, tile, _STATE_DTYPES[dtype], name, True), p.shape,
+                                         p.device)
         else:  # states loaded from a state_dict arrive dense (and in the type they were saved in)
-            state["exp_avg"] = _tiles_like(p, state["exp_avg"], dtype)
-            state["exp_avg_sq"] = _tiles_like(p, state["exp_avg_sq"], dtype)
+            state["exp_avg"] = _tiles_like(p, state["exp_avg"], dtype, "exp_avg", True)
+            state["exp_avg_sq"] = _tiles_like(p, state["exp_avg_sq"], dtype, "exp_avg_sq", True)
         _C.adamw(grad.tiles, p.tiles, state["exp_avg"].tiles, state["exp_avg_sq"].tiles, lr, beta1, beta2, eps, wd,
                  step, fresh, seed)
         if _evict_updated_first():

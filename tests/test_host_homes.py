@@ -1,0 +1,116 @@
+"""NNTILE_HOST_HOMES: parameter and optimizer-state tiles with home buffers in pinned host RAM (docs/DESIGN.md,
+"Beyond GPU memory", (e)). Values must not change; the budget must hold; buffers must come back."""
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import nntile_torch as nt
+from nntile_torch import _C
+
+
+@pytest.fixture
+def runtime():
+    nt.shutdown()
+    nt.init(ncpus=1, ncuda=0, host_memory_limit="256MiB")
+    yield
+    nt.shutdown()
+
+
+def test_persistent_tensors_get_homes_within_the_budget_and_give_them_back(runtime, monkeypatch):
+    gc.collect()
+    assert _C.host_homed_bytes() == 0 and _C.host_home_budget() == 0  # unset: none
+    monkeypatch.setenv("NNTILE_HOST_HOMES", "1MiB")
+    assert _C.host_home_budget() == 2**20
+    half = (256, 512)  # 512 KiB in fp32, two tiles of 128 rows
+    a = nt.TileTensor.empty(half, (128, 512), persistent=True)
+    b = nt.TileTensor.empty(half, (128, 512), persistent=True)
+    c = nt.TileTensor.empty(half, (128, 512), persistent=True)  # past the budget
+    d = nt.TileTensor.empty(half, (128, 512))  # not persistent: activations, gradients
+    assert [t.tiles.host_homed for t in (a, b, c, d)] == [True, True, False, False]
+    assert [t.tiles.persistent for t in (a, b, c, d)] == [True, True, True, False]
+    assert _C.host_homed_bytes() == 2**20
+    host = nt.memory_nodes()[0]
+    assert host["allocated_bytes"] >= 2**20  # the homes are buffers on the host node
+    # Values through homed tiles: written, computed on, read back.
+    x = torch.randn(half)
+    a.tiles.from_dense(x)
+    _C.add(2.0, a.tiles, 0.0, b.tiles)
+    assert torch.equal(b.materialize(), 2 * x)
+    del a, b
+    gc.collect()
+    assert _C.host_homed_bytes() == 0  # freed with their tensors (after their tasks)
+    e = nt.TileTensor.empty((77, 5), (50, 5), persistent=True)  # partial tiles
+    e.tiles.from_dense(torch.arange(385.0).reshape(77, 5))
+    assert e.tiles.host_homed and float(e.materialize().sum()) == 384 * 385 / 2
+    monkeypatch.setenv("NNTILE_HOST_HOMES", "0")
+    assert not nt.TileTensor.empty(half, (128, 512), persistent=True).tiles.host_homed
+    monkeypatch.setenv("NNTILE_HOST_HOMES", "lots")
+    with pytest.raises(RuntimeError, match="NNTILE_HOST_HOMES must be 0, 1 or a size such as 90GiB"):
+        nt.TileTensor.empty(half, (128, 512), persistent=True)
+    monkeypatch.setenv("NNTILE_HOST_HOMES", "1")  # 85% of the host node (the 256 MiB limit)
+    assert _C.host_home_budget() == int(0.85 * 256 * 2**20)
+
+
+def test_parameters_and_moments_are_persistent_activations_are_not(runtime, monkeypatch):
+    monkeypatch.setenv("NNTILE_HOST_HOMES", "64MiB")
+    torch.manual_seed(0)
+    lin = nt.nn.Linear(40, 24, tile_size=16, batch_tile_size=8)
+    norm = nt.nn.LayerNorm(24, batch_tile_size=8)
+    params = list(lin.parameters()) + list(norm.parameters())
+    assert all(p.tiles.persistent and p.tiles.host_homed for p in params)
+    opt = nt.optim.AdamW(params, lr=1e-2)
+    y = norm(lin(torch.randn(16, 40)))
+    assert not y.tiles.persistent and not y.tiles.host_homed
+    (y * y).mean().backward()
+    assert not lin.weight.grad.tiles.persistent
+    opt.step()
+    for p in params:
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert opt.state[p][k].tiles.persistent and opt.state[p][k].tiles.host_homed
+    # Restarting the runtime keeps the values and gives the tensors homes again.
+    w = lin.weight.materialize().clone()
+    nt.shutdown()
+    nt.init(ncpus=1, ncuda=0, host_memory_limit="256MiB")
+    assert torch.equal(lin.weight.tiles.to_dense(), w) and lin.weight.tiles.host_homed  # registered again on use
+
+
+def test_training_under_eviction_is_the_same_with_homes(tmp_path):
+    """Host RAM limited to 24 MiB and a disk node, so StarPU evicts tiles (home-less ones to disk) while 12 MiB of
+    weights and moments sit in their host homes: the same weights after four AdamW steps as without homes, bit for
+    bit. Each setting in its own process (a fresh StarPU)."""
+    code = (
+        "import os, torch, nntile_torch as nt\n"
+        "d = os.environ['DISK']\n"
+        "nt.init(ncpus=2, ncuda=0, host_memory_limit='24MiB', disk_path=d, disk_limit='512MiB', scheduler='eager')\n"
+        "torch.manual_seed(0)\n"
+        "layers = [nt.nn.Linear(640, 640, tile_size=256, precision=('bf16' if i % 2 else 'fp32')) for i in range(6)]\n"
+        "opt = nt.optim.AdamW([p for m in layers for p in m.parameters()], lr=1e-2)\n"
+        "x = torch.randn(48, 640)\n"
+        "spilled = 0\n"
+        "for _ in range(4):\n"
+        "    y = x\n"
+        "    for m in layers:\n"
+        "        y = torch.tanh(m(y))\n"
+        "    loss = (y * y).mean()\n"
+        "    loss.backward(); opt.step(); opt.zero_grad()\n"
+        "    spilled = max(spilled, sum(len(f) for _, _, f in os.walk(d)))\n"
+        "w = torch.cat([v.flatten() for m in layers for v in m.state_dict().values()])\n"
+        "torch.save(w, os.environ['OUTFILE'])\n"
+        "print('homed', nt._C.host_homed_bytes(), 'spilled', spilled)\n")
+    outs = []
+    for homes in ("0", "12MiB"):
+        disk = tmp_path / f"disk{homes}"
+        disk.mkdir()
+        env = dict(os.environ, NNTILE_HOST_HOMES=homes, DISK=str(disk), OUTFILE=str(tmp_path / f"w{homes}.pt"))
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        words = r.stdout.split()
+        homed, spilled = int(words[words.index("homed") + 1]), int(words[words.index("spilled") + 1])
+        assert spilled > 0  # tiles went to disk: eviction really ran
+        assert (homed > 9 * 2**20) == (homes != "0") and homed <= 12 * 2**20, r.stdout
+        outs.append(torch.load(tmp_path / f"w{homes}.pt"))
+    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
