@@ -30,3 +30,43 @@ def assert_close_as_torch(ours, torch_same_precision, ref64, factor=2.0, what=""
     e_torch = max_err(torch_same_precision, ref64)
     bound = factor * e_torch + 4 * torch.finfo(torch.float32).eps * scale
     assert e_ours <= bound, f"{what}: error {e_ours:.3e} exceeds {bound:.3e} (torch's own error {e_torch:.3e})"
+
+
+# Four AdamW steps of six 640 x 640 layers (alternately fp32 and bf16) with host RAM limited to 24 MiB and a disk
+# node, so StarPU really evicts tiles; prints how many files the disk node held at most, and nntile's homed bytes.
+_EVICTION_TRAINING = (
+    "import os, torch, nntile_torch as nt\n"
+    "d = os.environ['DISK']\n"
+    "nt.init(ncpus=2, ncuda=0, host_memory_limit='24MiB', disk_path=d, disk_limit='512MiB', scheduler='eager')\n"
+    "torch.manual_seed(0)\n"
+    # 9.4 MiB of weights, 19 of moments; bf16 layers keep bf16 weight copies
+    "layers = [nt.nn.Linear(640, 640, tile_size=256, precision=('bf16' if i % 2 else 'fp32')) for i in range(6)]\n"
+    "opt = nt.optim.AdamW([p for m in layers for p in m.parameters()], lr=1e-2)\n"
+    "x = torch.randn(48, 640)\n"
+    "spilled = 0\n"
+    "for _ in range(4):\n"
+    "    y = x\n"
+    "    for m in layers:\n"
+    "        y = torch.tanh(m(y))\n"
+    "    loss = (y * y).mean()\n"
+    "    loss.backward(); opt.step(); opt.zero_grad()\n"
+    "    spilled = max(spilled, sum(len(f) for _, _, f in os.walk(d)))\n"
+    "w = torch.cat([v.flatten() for m in layers for v in m.state_dict().values()])\n"
+    "torch.save(w, os.environ['OUTFILE'])\n"
+    "print('homed', nt._C.host_homed_bytes(), 'spilled', spilled)\n")
+
+
+def train_under_eviction(tmp_path, tag, **env):
+    """Runs _EVICTION_TRAINING in its own process (StarPU reads NNTILE_* settings once) with `env` added; returns
+    the final weights and parameters, the disk node's most files and the homed bytes."""
+    import os
+    import subprocess
+    import sys
+    disk = tmp_path / f"disk_{tag}"
+    disk.mkdir()
+    out = tmp_path / f"w_{tag}.pt"
+    r = subprocess.run([sys.executable, "-c", _EVICTION_TRAINING], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, DISK=str(disk), OUTFILE=str(out), **env))
+    assert r.returncode == 0, r.stderr[-3000:]
+    words = r.stdout.split()
+    return torch.load(out), int(words[words.index("spilled") + 1]), int(words[words.index("homed") + 1])

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import nntile_torch as nt
-from conftest import max_err
+from conftest import max_err, train_under_eviction
 
 
 def norm_err(a, ref):
@@ -318,36 +318,9 @@ def test_moments_marked_for_eviction_first_give_the_same_training(tmp_path):
     """NNTILE_EVICT_WONT_USE_FIRST=1 reorders StarPU's eviction (patched StarPU) and must not change a value. Host
     RAM is limited and a disk node registered, so tiles really are evicted (host RAM is then evictable and the
     reordering runs on it); each setting runs in its own process (StarPU reads it once)."""
-    import os
-    import subprocess
-    import sys
-    code = (
-        "import os, torch, nntile_torch as nt\n"
-        "d = os.environ['DISK']\n"
-        "nt.init(ncpus=2, ncuda=0, host_memory_limit='24MiB', disk_path=d, disk_limit='512MiB', scheduler='eager')\n"
-        "torch.manual_seed(0)\n"
-        # 9.4 MiB of weights, 19 of moments; bf16 layers keep bf16 weight copies (made early with the switch)
-        "layers = [nt.nn.Linear(640, 640, tile_size=256, precision=('bf16' if i % 2 else 'fp32')) for i in range(6)]\n"
-        "opt = nt.optim.AdamW([p for m in layers for p in m.parameters()], lr=1e-2)\n"
-        "x = torch.randn(48, 640)\n"
-        "spilled = 0\n"
-        "for _ in range(4):\n"
-        "    y = x\n"
-        "    for m in layers:\n"
-        "        y = torch.tanh(m(y))\n"
-        "    loss = (y * y).mean()\n"
-        "    loss.backward(); opt.step(); opt.zero_grad()\n"
-        "    spilled = max(spilled, sum(len(f) for _, _, f in os.walk(d)))\n"
-        "w = torch.cat([v.flatten() for m in layers for v in m.state_dict().values()])\n"
-        "torch.save(w, os.environ['OUTFILE'])\n"
-        "print('spilled', spilled)\n")
     outs = []
     for flag in ("0", "1"):
-        disk = tmp_path / f"disk{flag}"
-        disk.mkdir()
-        env = dict(os.environ, NNTILE_EVICT_WONT_USE_FIRST=flag, DISK=str(disk), OUTFILE=str(tmp_path / f"w{flag}.pt"))
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        assert int(r.stdout.split("spilled")[1]) > 0  # tiles went to disk: eviction really ran
-        outs.append(torch.load(tmp_path / f"w{flag}.pt"))
+        w, spilled, _ = train_under_eviction(tmp_path, flag, NNTILE_EVICT_WONT_USE_FIRST=flag)
+        assert spilled > 0  # tiles went to disk: eviction really ran
+        outs.append(w)
     assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])

@@ -1,15 +1,13 @@
 """NNTILE_HOST_HOMES: parameter and optimizer-state tiles with home buffers in pinned host RAM (docs/DESIGN.md,
 "Beyond GPU memory", (e)). Values must not change; the budget must hold; buffers must come back."""
 import gc
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 import nntile_torch as nt
 from nntile_torch import _C
+from conftest import train_under_eviction
 
 
 @pytest.fixture
@@ -82,35 +80,10 @@ def test_training_under_eviction_is_the_same_with_homes(tmp_path):
     """Host RAM limited to 24 MiB and a disk node, so StarPU evicts tiles (home-less ones to disk) while 12 MiB of
     weights and moments sit in their host homes: the same weights after four AdamW steps as without homes, bit for
     bit. Each setting in its own process (a fresh StarPU)."""
-    code = (
-        "import os, torch, nntile_torch as nt\n"
-        "d = os.environ['DISK']\n"
-        "nt.init(ncpus=2, ncuda=0, host_memory_limit='24MiB', disk_path=d, disk_limit='512MiB', scheduler='eager')\n"
-        "torch.manual_seed(0)\n"
-        "layers = [nt.nn.Linear(640, 640, tile_size=256, precision=('bf16' if i % 2 else 'fp32')) for i in range(6)]\n"
-        "opt = nt.optim.AdamW([p for m in layers for p in m.parameters()], lr=1e-2)\n"
-        "x = torch.randn(48, 640)\n"
-        "spilled = 0\n"
-        "for _ in range(4):\n"
-        "    y = x\n"
-        "    for m in layers:\n"
-        "        y = torch.tanh(m(y))\n"
-        "    loss = (y * y).mean()\n"
-        "    loss.backward(); opt.step(); opt.zero_grad()\n"
-        "    spilled = max(spilled, sum(len(f) for _, _, f in os.walk(d)))\n"
-        "w = torch.cat([v.flatten() for m in layers for v in m.state_dict().values()])\n"
-        "torch.save(w, os.environ['OUTFILE'])\n"
-        "print('homed', nt._C.host_homed_bytes(), 'spilled', spilled)\n")
     outs = []
     for homes in ("0", "12MiB"):
-        disk = tmp_path / f"disk{homes}"
-        disk.mkdir()
-        env = dict(os.environ, NNTILE_HOST_HOMES=homes, DISK=str(disk), OUTFILE=str(tmp_path / f"w{homes}.pt"))
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-3000:]
-        words = r.stdout.split()
-        homed, spilled = int(words[words.index("homed") + 1]), int(words[words.index("spilled") + 1])
+        w, spilled, homed = train_under_eviction(tmp_path, homes, NNTILE_HOST_HOMES=homes)
         assert spilled > 0  # tiles went to disk: eviction really ran
-        assert (homed > 9 * 2**20) == (homes != "0") and homed <= 12 * 2**20, r.stdout
-        outs.append(torch.load(tmp_path / f"w{homes}.pt"))
+        assert (homed > 9 * 2**20) == (homes != "0") and homed <= 12 * 2**20, homed
+        outs.append(w)
     assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
