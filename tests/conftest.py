@@ -33,16 +33,22 @@ def assert_close_as_torch(ours, torch_same_precision, ref64, factor=2.0, what=""
 
 
 # Four AdamW steps of six 640 x 640 layers (alternately fp32 and bf16) with host RAM limited to 24 MiB and a disk
-# node, so StarPU really evicts tiles; prints how many files the disk node held at most, and nntile's homed bytes.
+# node (ON_GPU=1: a GPU limited to 24 MiB), so StarPU really evicts tiles; prints how many files the disk node held
+# at most, and nntile's homed bytes.
 _EVICTION_TRAINING = (
     "import os, torch, nntile_torch as nt\n"
     "d = os.environ['DISK']\n"
-    "nt.init(ncpus=2, ncuda=0, host_memory_limit='24MiB', disk_path=d, disk_limit='512MiB', scheduler='eager')\n"
+    "dev = 'cuda' if os.environ.get('ON_GPU') == '1' else 'cpu'\n"
+    "if dev == 'cuda':  # the GPU limited to 24 MiB: StarPU evicts to host RAM\n"
+    "    nt.init(ncpus=1, ncuda=1, cuda_memory_limit='24MiB', host_memory_limit='512MiB')\n"
+    "else:\n"
+    "    nt.init(ncpus=2, ncuda=0, host_memory_limit='24MiB', disk_path=d, disk_limit='512MiB', scheduler='eager')\n"
     "torch.manual_seed(0)\n"
     # 9.4 MiB of weights, 19 of moments; bf16 layers keep bf16 weight copies
-    "layers = [nt.nn.Linear(640, 640, tile_size=256, precision=('bf16' if i % 2 else 'fp32')) for i in range(6)]\n"
+    "layers = [nt.nn.Linear(640, 640, tile_size=256, precision=('bf16' if i % 2 else 'fp32'), device=dev)\n"
+    "          for i in range(6)]\n"
     "opt = nt.optim.AdamW([p for m in layers for p in m.parameters()], lr=1e-2)\n"
-    "x = torch.randn(48, 640)\n"
+    "x = torch.randn(48, 640).to(dev)\n"
     "spilled = 0\n"
     "for _ in range(4):\n"
     "    y = x\n"
@@ -51,7 +57,7 @@ _EVICTION_TRAINING = (
     "    loss = (y * y).mean()\n"
     "    loss.backward(); opt.step(); opt.zero_grad()\n"
     "    spilled = max(spilled, sum(len(f) for _, _, f in os.walk(d)))\n"
-    "w = torch.cat([v.flatten() for m in layers for v in m.state_dict().values()])\n"
+    "w = torch.cat([v.flatten().cpu() for m in layers for v in m.state_dict().values()])\n"
     "torch.save(w, os.environ['OUTFILE'])\n"
     "print('homed', nt._C.host_homed_bytes(), 'spilled', spilled)\n")
 
