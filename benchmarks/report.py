@@ -133,8 +133,8 @@ def plot_throughput(rows, path):
         return False
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     series = {}
-    for r in ok:
-        series.setdefault(label(r), []).append(r)
+    for r in ok:  # a gathered summary may name its series (one backend whose variant changes with the size)
+        series.setdefault(r.get("series") or label(r), []).append(r)
     if len({r["params"] for r in ok}) == 1:  # one model size: bars per backend (a line through one x is a dot)
         names = sorted(series, key=lambda n: -series[n][0]["tokens_per_s"])
         for ax, key, what in zip(axes, ("tokens_per_s", "tflops"),
@@ -156,18 +156,33 @@ def plot_throughput(rows, path):
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return True
+    batches = {r["batch"] for r in ok}
     for name, rs in sorted(series.items()):
         rs.sort(key=lambda r: r["params"])
         x = [r["params"] / 1e9 for r in rs]
-        axes[0].plot(x, [r["tokens_per_s"] for r in rs], "o-", label=name)
-        axes[1].plot(x, [r["tflops"] for r in rs], "o-", label=name)
+        for ax, key in zip(axes, ("tokens_per_s", "tflops")):
+            ax.plot(x, [r[key] for r in rs], "o-", label=name)
+            if len(batches) > 1:  # batches differ between points: each says its own
+                for xi, r in zip(x, rs):
+                    ax.annotate(f"b{r['batch']}", (xi, r[key]), textcoords="offset points", xytext=(4, 4),
+                                fontsize=7)
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    sizes = sorted({r["params"] / 1e9 for r in ok})
     for ax, what in zip(axes, ("tokens/s", "model TFLOP/s (6N + 12 L h seq per token)")):
         ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks(sizes)  # the model sizes measured, as plain numbers
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("parameters (billions)")
         ax.set_ylabel(what)
-        ax.grid(alpha=0.3)
+        ax.grid(alpha=0.3, which="both")
     b = ok[0]
-    fig.suptitle(f"GPT-2 training throughput, batch {b['batch']} x {b['seq']}, {b['machine']}")
+    batch = f"batch {b['batch']} x {b['seq']}" if len(batches) == 1 else f"bN = N sequences of {b['seq']} per step"
+    fig.suptitle(f"GPT-2 training throughput, {batch}, {b['machine']}")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
