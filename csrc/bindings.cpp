@@ -121,6 +121,7 @@ PYBIND11_MODULE(_C, m) {
             d["valid_bytes"] = n.valid;
             d["sole_bytes"] = n.sole;
             d["stale_bytes"] = n.stale;
+            d["home_bytes"] = n.homes;
             out.append(d);
         }
         return out;

@@ -189,9 +189,10 @@ def stats():
 def memory_nodes():
     """Per StarPU memory node (host RAM, each GPU, a disk node): its limit and use in bytes (-1 without a limit) and
     the bytes of live tiles with a buffer there (allocated_bytes), a valid copy there (valid_bytes), their only
-    valid copy there (sole_bytes), and a buffer holding no valid copy (stale_bytes). used - allocated is memory
-    StarPU holds beside live tiles (freed buffers it keeps for reuse, tiles being unregistered). A node that is
-    full of stale buffers or of copies valid elsewhere too is StarPU not evicting what it could."""
+    valid copy there (sole_bytes), and a buffer holding no valid copy (stale_bytes); of the allocated, home
+    buffers (home_bytes: NNTILE_HOST_HOMES), stale by design while the valid copy is on a GPU. used - allocated is
+    memory StarPU holds beside live tiles (freed buffers it keeps for reuse, tiles being unregistered). A node full
+    of stale buffers (other than homes) or of copies valid elsewhere too is StarPU not evicting what it could."""
     ensure_init()
     return _C.memory_nodes()
 

@@ -32,7 +32,8 @@ def test_persistent_tensors_get_homes_within_the_budget_and_give_them_back(runti
     assert [t.tiles.persistent for t in (a, b, c, d)] == [True, True, True, False]
     assert _C.host_homed_bytes() == 2**20
     host = nt.memory_nodes()[0]
-    assert host["allocated_bytes"] >= 2**20  # the homes are buffers on the host node
+    assert host["allocated_bytes"] >= 2**20 and host["home_bytes"] == 2**20  # the homes are host-node buffers
+    assert "homes 0.0" in nt.memory_nodes_report()
     # Values through homed tiles: written, computed on, read back.
     x = torch.randn(half)
     a.tiles.from_dense(x)

@@ -403,6 +403,8 @@ std::vector<NodeTiles> memory_nodes_tiles() {
     for (const TileTensor *t : live()) {
         for (auto h : t->handles_) {
             const int64_t bytes = (int64_t)starpu_data_get_size(h);
+            const int home = starpu_data_get_home_node(h);
+            if (home >= 0 && home < (int)nnodes) out[home].homes += bytes;
             int nvalid = 0, last = -1;
             for (unsigned n = 0; n < nnodes; ++n) {
                 // StarPU reads these without its lock ("just a hint"): exact when nothing moves, as in a stall.
@@ -436,7 +438,9 @@ std::string memory_nodes_text() {
         else
             os << "no limit";
         os << ", tile buffers " << gib(n.allocated) << " GiB (valid " << gib(n.valid) << ", the only valid copy "
-           << gib(n.sole) << ", stale " << gib(n.stale) << ")";
+           << gib(n.sole) << ", stale " << gib(n.stale) << (n.homes ? ", homes " : "");
+        if (n.homes) os << gib(n.homes);
+        os << ")";
         if (n.total > 0) os << ", other " << gib(n.used - n.allocated) << " GiB";
     }
     return os.str();

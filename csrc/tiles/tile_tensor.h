@@ -108,6 +108,7 @@ std::vector<LiveTileTensor> live_tile_tensors();
 struct NodeTiles {
     std::string name;
     int64_t total = -1, used = -1, allocated = 0, valid = 0, sole = 0, stale = 0;
+    int64_t homes = 0;  // of allocated: home buffers (NNTILE_HOST_HOMES), stale while the valid copy is elsewhere
 };
 std::vector<NodeTiles> memory_nodes_tiles();
 // The same as text, node after node joined by "; ", in GiB: the stall report's and memory_nodes_report()'s.
