@@ -107,7 +107,7 @@ for step in "$@"; do
         # DeepSpeedCPUAdam compiles on first use (minutes; an XL attempt was cut at 62 s while compiling): build it
         # once here, outside the attempts' budget; torch's extension cache keeps it for every attempt after.
         t1=$(date +%s)
-        timeout 420 python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
+        timeout 300 python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
           >"$OUT/ds_cpu_adam.log" 2>&1; echo "DeepSpeedCPUAdam build: rc=$?, $(( $(date +%s) - t1 )) s" | tee -a "$OUT/bench.log"
       fi
       bdir=/tmp/bench; rc=0; end=$(( $(date +%s) + ${BENCH_BUDGET:-420} ))  # seconds for all plans together
