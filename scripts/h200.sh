@@ -97,13 +97,14 @@ for step in "$@"; do
       done; rc=0 ;;
     train) python3 -m nntile_torch.train --model small --steps 500 --compare-torch --no-progress --out "$OUT/train" \
              2>&1 | tail -3; rc=${PIPESTATUS[0]} ;;
-    bench)  # the benchmark harness; BENCH_ARGS: benchmarks.run arguments, several plans joined by ';';
-            # BENCH_BUDGET: seconds for all of them (default 420; attempts are cut to fit)
+    bench)  # the benchmark harness; BENCH_ARGS: benchmarks.run arguments, several plans joined by ';', or @file
+            # (benchmarks/plans/*.txt, a plan per line); BENCH_BUDGET: seconds for all (default 420; attempts are cut)
       if compgen -G ".whl/*.whl" >/dev/null; then  # carried wheels (DeepSpeed and its missing dependencies)
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
           .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
       fi
-      if [[ ${BENCH_ARGS:-} == *deepspeed* ]] && python3 -c "import deepspeed" 2>/dev/null; then
+      if { [[ ${BENCH_ARGS:-} == *deepspeed* ]] || { [[ ${BENCH_ARGS:-} == @* ]] && grep -q deepspeed "${BENCH_ARGS#@}"; }; } \
+          && python3 -c "import deepspeed" 2>/dev/null; then
         # DeepSpeedCPUAdam compiles on first use (minutes; an XL attempt was cut at 62 s while compiling): build it
         # once here, outside the attempts' budget; torch's extension cache keeps it for every attempt after.
         t1=$(date +%s)
@@ -111,7 +112,11 @@ for step in "$@"; do
           >"$OUT/ds_cpu_adam.log" 2>&1; echo "DeepSpeedCPUAdam build: rc=$?, $(( $(date +%s) - t1 )) s" | tee -a "$OUT/bench.log"
       fi
       bdir=/tmp/bench; rc=0; end=$(( $(date +%s) + ${BENCH_BUDGET:-420} ))  # seconds for all plans together
-      IFS=';' read -ra plans <<< "${BENCH_ARGS:---backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024}"
+      args=${BENCH_ARGS:---backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024}
+      if [[ $args == @* ]]; then  # @file: one plan per line, '#' comments (benchmarks/plans/)
+        args=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "${args#@}" | paste -sd';')
+      fi
+      IFS=';' read -ra plans <<< "$args"
       for plan in "${plans[@]}"; do  # a plan may start with VAR=value settings for its attempts
         split_env "$plan"
         [ ${#envs[@]} -gt 0 ] && echo "env: ${envs[*]}" | tee -a "$OUT/bench.log"
