@@ -32,8 +32,7 @@ void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor 
     s.eps = (float)eps;
     for (int64_t t = 0; t < param.ntiles(); ++t) {
         OnWorker on(placement_worker(row_of(param, t)));
-        int64_t n = 1;
-        for (auto e : param.tile_extents(t)) n *= e;
+        const int64_t n = param.tile_numel(t);
         // Rounding bits differ per tensor (seed), step and tile, and do not depend on where the task runs.
         uint64_t tile_seed = kernels::hash64(kernels::hash64((uint64_t)seed, (uint64_t)step), (uint64_t)t);
         codelets::submit_adamw(n, s, init_state, bf16_state, tile_seed, grad.handle(t), param.handle(t),

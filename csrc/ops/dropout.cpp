@@ -13,8 +13,7 @@ void dropout(TileTensor &x, TileTensor &y, float p, int64_t seed) {
     for (auto e : x.tile_shape()) full *= e;
     for (int64_t t = 0; t < x.ntiles(); ++t) {
         OnWorker on(placement_worker(row_of(x, t)));
-        int64_t n = 1;
-        for (auto e : x.tile_extents(t)) n *= e;
+        const int64_t n = x.tile_numel(t);
         codelets::submit_dropout(n, t * full, seed, p, x.handle(t), y.handle(t));
     }
     y.bump_version();

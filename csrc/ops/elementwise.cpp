@@ -43,8 +43,7 @@ void add(float alpha, TileTensor &x, float beta, TileTensor &y) {
     NNTILE_CHECK(x.same_tiling(y), "add: tensors must have the same shape and tiles");
     for (int64_t t = 0; t < y.ntiles(); ++t) {
         OnWorker on(placement_worker(row_of(y, t)));
-        int64_t n = 1;
-        for (auto e : y.tile_extents(t)) n *= e;
+        const int64_t n = y.tile_numel(t);
         codelets::submit_add(n, alpha, x.handle(t), beta, y.handle(t));
     }
     y.bump_version();
@@ -56,8 +55,7 @@ void convert(TileTensor &src, TileTensor &dst) {
     NNTILE_CHECK(src.dtype() != DType::i64 && dst.dtype() != DType::i64, "convert: float32 <-> bfloat16 only");
     for (int64_t t = 0; t < dst.ntiles(); ++t) {
         OnWorker on(placement_worker(row_of(dst, t)));
-        int64_t n = 1;
-        for (auto e : dst.tile_extents(t)) n *= e;
+        const int64_t n = dst.tile_numel(t);
         codelets::submit_convert(n, src.dtype(), src.handle(t), dst.dtype(), dst.handle(t));
     }
     dst.bump_version();

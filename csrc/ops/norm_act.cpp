@@ -5,11 +5,6 @@
 namespace nntile::ops {
 
 namespace {
-int64_t tile_numel(TileTensor &t, int64_t i) {
-    int64_t n = 1;
-    for (auto e : t.tile_extents(i)) n *= e;
-    return n;
-}
 void require_f32(std::initializer_list<TileTensor *> ts, const char *op) {
     for (auto *t : ts)
         NNTILE_CHECK(t->dtype() == DType::f32, op << " needs float32 tiles (got " << dtype_name(t->dtype()) << ")");
@@ -21,7 +16,7 @@ void gelu_forward(TileTensor &x, TileTensor &y, bool tanh_approx) {
     NNTILE_CHECK(x.same_tiling(y), "gelu: x and y must have the same shape and tiles");
     for (int64_t t = 0; t < x.ntiles(); ++t) {
         OnWorker on(placement_worker(row_of(x, t)));
-        codelets::submit_gelu_forward(tile_numel(x, t), tanh_approx, x.handle(t), y.handle(t));
+        codelets::submit_gelu_forward(x.tile_numel(t), tanh_approx, x.handle(t), y.handle(t));
     }
     y.bump_version();
 }
@@ -31,7 +26,7 @@ void gelu_backward(TileTensor &dy, TileTensor &x, TileTensor &dx, bool tanh_appr
     NNTILE_CHECK(x.same_tiling(dy) && x.same_tiling(dx), "gelu_backward: dy, x and dx must have the same tiles");
     for (int64_t t = 0; t < x.ntiles(); ++t) {
         OnWorker on(placement_worker(row_of(x, t)));
-        codelets::submit_gelu_backward(tile_numel(x, t), tanh_approx, dy.handle(t), x.handle(t), dx.handle(t));
+        codelets::submit_gelu_backward(x.tile_numel(t), tanh_approx, dy.handle(t), x.handle(t), dx.handle(t));
     }
     dx.bump_version();
 }

@@ -194,6 +194,12 @@ std::vector<int64_t> TileTensor::tile_index(int64_t linear) const {
     return idx;
 }
 
+int64_t TileTensor::tile_numel(int64_t linear) const {
+    int64_t n = 1;
+    for (auto e : tile_extents(linear)) n *= e;
+    return n;
+}
+
 std::vector<int64_t> TileTensor::tile_extents(int64_t linear) const {
     auto idx = tile_index(linear);
     std::vector<int64_t> ext(idx.size());
@@ -226,8 +232,7 @@ void TileTensor::ensure_handles() {
     const bool homed = persistent_ && allocate_homes();
     handles_.resize(ntiles());
     for (int64_t t = 0; t < ntiles(); ++t) {
-        int64_t n = 1;
-        for (auto e : tile_extents(t)) n *= e;
+        const int64_t n = tile_numel(t);
         if (homed)
             starpu_vector_data_register(&handles_[t], STARPU_MAIN_RAM, (uintptr_t)homes_[t], (uint32_t)n,
                                         dtype_size(dtype_));
@@ -336,9 +341,7 @@ std::atomic<int64_t> &homed_bytes() {
 constexpr int kHomeFlags = STARPU_MALLOC_PINNED | STARPU_MALLOC_COUNT | STARPU_MALLOC_NORECLAIM;
 
 size_t tile_bytes_of(const TileTensor &t, int64_t linear) {
-    int64_t n = 1;
-    for (auto e : t.tile_extents(linear)) n *= e;
-    return (size_t)n * dtype_size(t.dtype());
+    return (size_t)t.tile_numel(linear) * dtype_size(t.dtype());
 }
 
 }  // namespace

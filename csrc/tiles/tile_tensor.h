@@ -45,6 +45,7 @@ class TileTensor {
     // Extent of one tile along dim d (partial at the edge).
     int64_t tile_extent(int64_t d, int64_t index) const;
     std::vector<int64_t> tile_extents(int64_t linear) const;
+    int64_t tile_numel(int64_t linear) const;  // elements of one tile
     std::vector<int64_t> tile_index(int64_t linear) const;
     starpu_data_handle_t handle(int64_t linear);
     starpu_data_handle_t handle2(int64_t i, int64_t j) { return handle(i * grid_[1] + j); }
