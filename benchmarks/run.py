@@ -303,7 +303,8 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
                            "ncuda": args.ncuda, "cuda_memory_limit": args.cuda_memory_limit,
                            "host_memory_limit": args.host_memory_limit, "disk_path": args.disk_path,
                            "disk_limit": args.disk_limit, "scheduler": args.scheduler,
-                           "offload_fraction": args.offload_fraction},
+                           "offload_fraction": args.offload_fraction,
+                           "max_submitted_tasks": args.max_submitted_tasks},
                 "result": os.path.join(tmp, "result")}
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w") as f:
@@ -446,6 +447,8 @@ def parse_args(argv=None):
     g.add_argument("--disk-path", help="folder for a StarPU disk node")
     g.add_argument("--disk-limit", help="size of the disk node, e.g. 500GiB")
     g.add_argument("--scheduler", help="StarPU scheduler (default dmdas with GPUs, lws on CPUs)")
+    g.add_argument("--max-submitted-tasks", type=int,
+                   help="submission window: tasks pending before submission waits (default 2000; 0: none)")
     g.add_argument("--offload-fraction", type=float, default=1.0,
                    help="variant offload: share of the weights whose AdamW runs on CPU workers with master weights "
                         "and states in host RAM (default 1.0)")

@@ -186,7 +186,7 @@ def setup_nntile(spec, cuda, rank, world):
         ncpus = nt.config.cpu_workers_beside_gpus()
     nt.init(ncpus=ncpus, ncuda=o["ncuda"] if cuda else 0, cuda_memory_limit=o["cuda_memory_limit"],
             host_memory_limit=o["host_memory_limit"], disk_path=o["disk_path"], disk_limit=o["disk_limit"],
-            scheduler=o["scheduler"])
+            scheduler=o["scheduler"], max_submitted_tasks=o.get("max_submitted_tasks"))
     dev0 = init_device(spec, cuda)
     if spec["init_device"] == "meta" or (spec["init_device"] == "auto" and cuda and 4 * spec["params"] > 0.2 * (
             torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)):
@@ -227,7 +227,8 @@ def setup_nntile(spec, cuda, rank, world):
     env = {"init_device": dev0, "optimizer": "nntile_torch.optim.AdamW", "tile_size": tile, "batch_tile_size": btile,
            "starpu": info.get("starpu_version"), "scheduler": info.get("scheduler"), "workers": info.get("workers"),
            "memory_nodes": info.get("memory_nodes"), "cuda_memory_split": info.get("cuda_memory_split"),
-           "nntile_settings": info.get("settings"), "params_counted": counted, "_stats": nt.stats}
+           "nntile_settings": info.get("settings"), "submission_window": info.get("submission_window"),
+           "params_counted": counted, "_stats": nt.stats}
     gpus = (info.get("workers") or {}).get("cuda", 0) if cuda else 0
     return step, sync, env, gpus, device
 

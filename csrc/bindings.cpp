@@ -52,6 +52,11 @@ py::dict info() {
     d["memory_nodes"] = nodes;
     auto *policy = starpu_sched_ctx_get_sched_policy(0);
     d["scheduler"] = std::string(policy && policy->policy_name ? policy->policy_name : "unknown");
+    auto window = submission_window();
+    if (window.first >= 0)
+        d["submission_window"] = py::make_tuple(window.first, window.second);
+    else
+        d["submission_window"] = py::none();
     return d;
 }
 
@@ -68,7 +73,7 @@ PYBIND11_MODULE(_C, m) {
     m.def(
         "init",
         [](int ncpus, int ncuda, int64_t cuda_limit, int64_t host_limit, std::string disk_path, int64_t disk_limit,
-           std::string scheduler, int cpu_tasks, int places) {
+           std::string scheduler, int cpu_tasks, int places, int max_submitted_tasks) {
             RuntimeConfig c;
             c.ncpus = ncpus;
             c.ncuda = ncuda;
@@ -79,11 +84,13 @@ PYBIND11_MODULE(_C, m) {
             c.scheduler = scheduler;
             c.cpu_tasks = cpu_tasks;
             c.places = places;
+            c.max_submitted_tasks = max_submitted_tasks;
             py::gil_scoped_release nogil;
             runtime_init(c);
         },
         py::arg("ncpus"), py::arg("ncuda"), py::arg("cuda_memory_limit"), py::arg("host_memory_limit"),
-        py::arg("disk_path"), py::arg("disk_limit"), py::arg("scheduler"), py::arg("cpu_tasks") = -1, py::arg("places") = -1);
+        py::arg("disk_path"), py::arg("disk_limit"), py::arg("scheduler"), py::arg("cpu_tasks") = -1, py::arg("places") = -1,
+        py::arg("max_submitted_tasks") = -1);
     m.def(
         "shutdown",
         [](bool keep_data) {
@@ -102,6 +109,7 @@ PYBIND11_MODULE(_C, m) {
     });
     m.def("info", &info);
     m.def("tasks_submitted", &tasks_submitted);
+    m.def("tasks_pending", [] { return starpu_task_nsubmitted(); });
     m.def("tile_bytes", &tile_bytes);
     m.def("peak_tile_bytes", &peak_tile_bytes);
     m.def("reset_peak_tile_bytes", &reset_peak_tile_bytes);

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 
 struct starpu_codelet;
 
@@ -26,13 +27,20 @@ struct RuntimeConfig {
     // -1 = the number of CUDA workers when there are two or more, else 1 (no pinning: the scheduler decides).
     // The task graph depends on `places` only, never on the worker count, so results do not either.
     int places = -1;
+    // The submission window (docs/DESIGN.md, "Runtime and memory"): the submitting thread waits while more than
+    // this many tasks are pending, until 4/5 of it remain. -1 = the user's STARPU_LIMIT_MAX_SUBMITTED_TASKS
+    // (and _MIN) if set, else kDefaultSubmissionWindow; 0 = no window.
+    int max_submitted_tasks = -1;
 };
+constexpr int kDefaultSubmissionWindow = 2000;
 
 void runtime_init(const RuntimeConfig &cfg);
 // keep_data: tile tensors still alive keep a dense copy and get their tiles back after the next init.
 void runtime_shutdown(bool keep_data = true);
 bool runtime_running();
 const RuntimeConfig &runtime_config();
+// The running submission window as StarPU read it: {max, min} pending tasks, {-1, -1} without one.
+std::pair<int, int> submission_window();
 int disk_node();  // -1 without a disk node
 
 // Every codelet registers itself once; its placement (cl->where) follows the running config's cpu_tasks.

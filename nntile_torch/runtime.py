@@ -45,7 +45,7 @@ def _count(value, name):
 
 
 def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler, cpu_tasks=None,
-               places=None):
+               places=None, max_submitted_tasks=None):
     args = dict(
         ncpus=_count(ncpus, "ncpus"),
         ncuda=_count(ncuda, "ncuda"),
@@ -56,7 +56,12 @@ def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, di
         scheduler=scheduler,
         cpu_tasks=cpu_tasks,
         places=places,
+        max_submitted_tasks=max_submitted_tasks,
     )
+    if max_submitted_tasks is not None and (isinstance(max_submitted_tasks, bool) or
+                                            not isinstance(max_submitted_tasks, int) or max_submitted_tasks < 0):
+        raise ValueError("max_submitted_tasks must be a non-negative int (0: no window) or None for the default "
+                         f"(got {max_submitted_tasks!r})")
     if places is not None and (isinstance(places, bool) or not isinstance(places, int) or places < 1):
         raise ValueError(f"places must be a positive int or None for the default (got {places!r})")
     if cpu_tasks is not None and not isinstance(cpu_tasks, bool):
@@ -98,7 +103,7 @@ def _cuda_usable(ncuda):
 
 
 def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None, disk_path=None, disk_limit=None,
-         scheduler=None, cpu_tasks=None, places=None):
+         scheduler=None, cpu_tasks=None, places=None, max_submitted_tasks=None):
     """Starts StarPU. Limits are bytes or strings like "8GiB"; None means the default.
 
     Defaults: every GPU; CPU workers on all cores without GPUs, one with GPUs (unless cpu_tasks=True): tile
@@ -111,12 +116,17 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     only when no GPU worker runs. Allowing it with GPUs makes StarPU calibrate each new tile shape on a CPU core
     first (tens of seconds per GEMM shape at GPT-2 XL size) and then rarely pays off. places: how many devices the row tiles of activations are spread
     over (row tile i on place i mod places; default: the GPUs when there are two or more, else 1 = the scheduler
-    decides); the results depend on places, never on the worker count. Calling init again with the same arguments
+    decides); the results depend on places, never on the worker count. max_submitted_tasks: the submission
+    window, how many tasks may be pending before the submitting thread waits (until 4/5 of them remain); None
+    (default) means StarPU's STARPU_LIMIT_MAX_SUBMITTED_TASKS (and _MIN) when set in the environment, else
+    2000; 0 means no window. Without one, a whole step is submitted ahead of its execution, and a model that
+    overfills the GPU stalls (GPT 13B at batch 16 on one H200: no second step; 8.3 s per step with 2000); info()
+    reports it as submission_window (max, min). Calling init again with the same arguments
     does nothing; with other arguments while running raises RuntimeError (call shutdown() first).
     """
     global _current, _cuda_split, _host_limit
     args = _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler,
-                      cpu_tasks, places)
+                      cpu_tasks, places, max_submitted_tasks)
     if _current is not None and _C.running():
         if args != _current:
             diff = {k: (_current[k], v) for k, v in args.items() if _current[k] != v}
@@ -143,7 +153,8 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     _host_limit = host_limit
     _C.init(ncpus, args["ncuda"], cuda_limit if cuda_limit is not None else -1,
             host_limit or -1, args["disk_path"] or "", args["disk_limit"] or -1, sched,
-            -1 if cpu_tasks is None else int(cpu_tasks), -1 if places is None else places)
+            -1 if cpu_tasks is None else int(cpu_tasks), -1 if places is None else places,
+            -1 if max_submitted_tasks is None else max_submitted_tasks)
     _current = requested
 
 
@@ -180,9 +191,11 @@ def info():
 
 def stats():
     """Counters since the process started: tasks submitted and blocking waits (host waits for task results);
+    tasks_pending: submitted and not yet finished (at most init's max_submitted_tasks + 1 after a submission);
     tile_bytes: one copy of every live tile (what must fit in GPU, host and disk memory together: init's limits
     are checked against it), peak_tile_bytes: its most since the start or reset_peak_stats()."""
-    return {"tasks_submitted": _C.tasks_submitted(), "blocking_waits": _C.blocking_waits(), "running": _C.running(),
+    return {"tasks_submitted": _C.tasks_submitted(), "tasks_pending": _C.tasks_pending() if _C.running() else 0,
+            "blocking_waits": _C.blocking_waits(), "running": _C.running(),
             "tile_bytes": _C.tile_bytes(), "peak_tile_bytes": _C.peak_tile_bytes()}
 
 

@@ -67,6 +67,8 @@ def parse_args(argv=None):
     ap.add_argument("--cuda-memory-limit", help="StarPU's share of GPU memory, e.g. 100GiB")
     ap.add_argument("--host-memory-limit", help="StarPU's share of host RAM, e.g. 64GiB (default: with GPUs, the "
                     "RAM less max(16 GiB, 1/8); on CPUs alone, no limit)")
+    ap.add_argument("--max-submitted-tasks", type=int, help="StarPU's submission window: tasks pending before "
+                    "the training loop waits (default 2000; 0: none)")
     ap.add_argument("--corpus-bytes", type=int, default=8 << 20, help="bytes of corpus to read (default 8 MiB)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compare-torch", action="store_true", help="train the unconverted model beside it")
@@ -208,7 +210,8 @@ def main(argv=None):
     ncpus = None
     if args.offload and device == "cuda":  # the offloaded updates run on CPU workers: all cores but the GPUs'
         ncpus = nt.config.cpu_workers_beside_gpus()
-    nt.init(ncpus=ncpus, cuda_memory_limit=args.cuda_memory_limit, host_memory_limit=args.host_memory_limit)
+    nt.init(ncpus=ncpus, cuda_memory_limit=args.cuda_memory_limit, host_memory_limit=args.host_memory_limit,
+            max_submitted_tasks=args.max_submitted_tasks)
     ref = build_model(args, device)
     torch_model = copy.deepcopy(ref) if args.compare_torch else None
     fp64_model = copy.deepcopy(ref).double() if args.compare_fp64 else None

@@ -62,17 +62,22 @@ _EVICTION_TRAINING = (
     "print('homed', nt._C.host_homed_bytes(), 'spilled', spilled)\n")
 
 
-def train_under_eviction(tmp_path, tag, **env):
+def train_under_eviction(tmp_path, tag, timeout=300, **env):
     """Runs _EVICTION_TRAINING in its own process (StarPU reads NNTILE_* settings once) with `env` added; returns
-    the final weights and parameters, the disk node's most files and the homed bytes."""
+    the final weights and parameters, the disk node's most files and the homed bytes. A run past `timeout`
+    seconds fails the test (a hang reported as such, not as the whole session's timeout)."""
     import os
     import subprocess
     import sys
     disk = tmp_path / f"disk_{tag}"
     disk.mkdir()
     out = tmp_path / f"w_{tag}.pt"
-    r = subprocess.run([sys.executable, "-c", _EVICTION_TRAINING], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, DISK=str(disk), OUTFILE=str(out), **env))
+    try:
+        r = subprocess.run([sys.executable, "-c", _EVICTION_TRAINING], capture_output=True, text=True,
+                           timeout=timeout, env=dict(os.environ, DISK=str(disk), OUTFILE=str(out), **env))
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the eviction training ({env}) did not finish in {timeout} s; its output: "
+                    f"{(e.stdout or b'')[-1500:]!r} {(e.stderr or b'')[-1500:]!r}")
     assert r.returncode == 0, r.stderr[-3000:]
     words = r.stdout.split()
     return torch.load(out), int(words[words.index("spilled") + 1]), int(words[words.index("homed") + 1])

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import nntile_torch as nt
+from conftest import train_under_eviction
 from nntile_torch.runtime import parse_bytes
 
 
@@ -131,6 +132,70 @@ def test_restart_keeps_tile_tensors_and_applies_limits(tmp_path):
     finally:
         nt.shutdown()
     assert torch.equal(t.materialize(), x)  # lazily restarted with defaults
+
+
+_WINDOW_VARS = ("STARPU_LIMIT_MAX_SUBMITTED_TASKS", "STARPU_LIMIT_MIN_SUBMITTED_TASKS")
+
+
+def test_submission_window_from_argument_environment_or_default(monkeypatch):
+    for v in _WINDOW_VARS:
+        monkeypatch.delenv(v, raising=False)
+    cases = [(dict(), {}, (2000, 1600)), (dict(max_submitted_tasks=10), {}, (10, 8)),
+             (dict(max_submitted_tasks=0), {}, None),
+             (dict(), {_WINDOW_VARS[0]: "300"}, (300, 240)),  # the user's MAX alone gets a MIN
+             (dict(), {_WINDOW_VARS[0]: "300", _WINDOW_VARS[1]: "100"}, (300, 100)),
+             (dict(max_submitted_tasks=50), {_WINDOW_VARS[0]: "300"}, (50, 40)),  # the argument wins
+             (dict(), {}, (2000, 1600))]  # nothing left behind by the runs before
+    try:
+        for kwargs, env, expected in cases:
+            nt.shutdown()  # restores the environment the runtime started from
+            for v in _WINDOW_VARS:
+                monkeypatch.delenv(v, raising=False)
+            for k, v in env.items():
+                monkeypatch.setenv(k, v)
+            nt.init(ncpus=1, **kwargs)
+            got = nt.info()["submission_window"]
+            assert (tuple(got) if got is not None else None) == expected, (kwargs, env)
+    finally:
+        nt.shutdown()
+    for bad in (-1, 2.5, True, "100"):
+        with pytest.raises(ValueError, match="max_submitted_tasks"):
+            nt.init(max_submitted_tasks=bad)
+
+
+@pytest.mark.parametrize("window", [8, 0])
+def test_the_window_bounds_the_tasks_pending(window):
+    """With a window of 8 the submitting thread never runs more than 8 tasks (+ those of the op being submitted)
+    ahead of the single worker; without one it runs far ahead (what the window is for), which shows the bound is
+    real."""
+    nt.shutdown()
+    nt.init(ncpus=1, ncuda=0, max_submitted_tasks=window)
+    try:
+        t = nt.TileTensor.from_dense(torch.randn(2048, 2048), (2048, 2048))  # ~ms per add on one core
+        s0 = nt.stats()["tasks_submitted"]
+        u = t + t
+        per_op = nt.stats()["tasks_submitted"] - s0
+        most = 0
+        for _ in range(60):
+            u = u + t
+            most = max(most, nt.stats()["tasks_pending"])
+        torch.testing.assert_close(u.materialize(), 62 * t.materialize(), rtol=1e-5, atol=1e-4)
+    finally:
+        nt.shutdown()
+    assert 1 <= per_op <= 4, per_op
+    if window:
+        assert 1 <= most <= window + per_op, (most, per_op)
+    else:
+        assert most > 8 + per_op, (most, per_op)
+
+
+def test_training_with_a_tiny_window_is_bit_identical(tmp_path):
+    """Four AdamW steps under eviction (host limit 24 MiB, disk node) with a window of 6 tasks, where the
+    submitting thread (Python's and autograd's) waits all the time, against the default window: same bits."""
+    tiny, _, _ = train_under_eviction(tmp_path, "tiny", STARPU_LIMIT_MAX_SUBMITTED_TASKS="6",
+                                      STARPU_LIMIT_MIN_SUBMITTED_TASKS="3")
+    default, _, _ = train_under_eviction(tmp_path, "default")
+    assert torch.isfinite(tiny).all() and torch.equal(tiny, default)
 
 
 def test_stats_count_tasks_and_waits():
