@@ -115,6 +115,7 @@ def environment(records):
         if r["backend"] == "nntile" and env.get("starpu"):
             lines.append(f"- nntile: StarPU {env['starpu']}, scheduler {env.get('scheduler')}, workers "
                          f"{env.get('workers')}, tile {env.get('tile_size')}, batch tile {env.get('batch_tile_size')}, "
+                         f"submission window {env.get('submission_window', 'not recorded')}, "
                          f"settings {env.get('nntile_settings')}")
             break
     for r in records:
@@ -194,9 +195,13 @@ def plot_capacity(caps, path):
     import matplotlib.pyplot as plt
     if not caps:
         return False
-    names = [f"{b}" + ("" if v == "plain" else f":{v}") + f"\n{p}, b{batch}" for (b, v, p, batch, seq), _, _ in caps]
+    import textwrap
+    # variants with settings get long ("bf16state+ckpt+stepbwd host_memory_limit=108GiB ..."): wrapped under the bar
+    names = ["\n".join(w.replace("+ ", "+") for w in textwrap.wrap(
+        (f"{b}" + ("" if v == "plain" else f":{v}")).replace("+", "+ "), 20, break_long_words=False))
+             + f"\n{p}, b{batch}" for (b, v, p, batch, seq), _, _ in caps]
     vals = [best["params"] / 1e9 if best else 0 for _, best, _ in caps]
-    fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(caps)), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(caps)), 4.5 + 0.12 * max(n.count("\n") for n in names)))
     bars = ax.bar(range(len(caps)), vals, color="tab:blue")
     for bar, (_, best, fail) in zip(bars, caps):
         text = (best["config"] if best else "none") + (f"\n(fails {fail['config']})" if fail else "")
