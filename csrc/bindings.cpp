@@ -180,38 +180,42 @@ PYBIND11_MODULE(_C, m) {
         .def("wont_use", &TileTensor::wont_use)
         .def("invalidate", &TileTensor::invalidate);
 
+    // Ops only submit tasks, but the submitting thread waits inside starpu_task_submit while the submission window
+    // is full (runtime.h): without the GIL, so that the caller's other Python threads (data loading, progress,
+    // the harness's slow-step report) run meanwhile.
+    const auto nogil = py::call_guard<py::gil_scoped_release>();
     m.def(
         "gemm",
         [](bool ta, TileTensor &a, bool tb, TileTensor &b, TileTensor &c, float alpha, float beta,
            const std::string &precision, bool k_over_places) {
             ops::gemm(ta, a, tb, b, c, alpha, beta, parse_precision(precision), k_over_places);
         },
-        py::arg("trans_a"), py::arg("a"), py::arg("trans_b"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.f,
+        nogil, py::arg("trans_a"), py::arg("a"), py::arg("trans_b"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.f,
         py::arg("beta") = 0.f, py::arg("precision") = "fp32", py::arg("k_over_places") = false);
-    m.def("bias_add", &ops::bias_add, py::arg("b"), py::arg("y"));
-    m.def("bias_grad", &ops::bias_grad, py::arg("dy"), py::arg("db"), py::arg("beta") = 0.f);
-    m.def("add", &ops::add, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"));
-    m.def("gelu_forward", &ops::gelu_forward, py::arg("x"), py::arg("y"), py::arg("tanh_approx"));
-    m.def("gelu_backward", &ops::gelu_backward, py::arg("dy"), py::arg("x"), py::arg("dx"), py::arg("tanh_approx"));
-    m.def("layer_norm_forward", &ops::layer_norm_forward, py::arg("x"), py::arg("weight"), py::arg("bias"),
+    m.def("bias_add", &ops::bias_add, nogil, py::arg("b"), py::arg("y"));
+    m.def("bias_grad", &ops::bias_grad, nogil, py::arg("dy"), py::arg("db"), py::arg("beta") = 0.f);
+    m.def("add", &ops::add, nogil, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"));
+    m.def("gelu_forward", &ops::gelu_forward, nogil, py::arg("x"), py::arg("y"), py::arg("tanh_approx"));
+    m.def("gelu_backward", &ops::gelu_backward, nogil, py::arg("dy"), py::arg("x"), py::arg("dx"), py::arg("tanh_approx"));
+    m.def("layer_norm_forward", &ops::layer_norm_forward, nogil, py::arg("x"), py::arg("weight"), py::arg("bias"),
           py::arg("eps"), py::arg("y"), py::arg("mean"), py::arg("rstd"));
-    m.def("layer_norm_backward", &ops::layer_norm_backward, py::arg("dy"), py::arg("x"), py::arg("mean"),
+    m.def("layer_norm_backward", &ops::layer_norm_backward, nogil, py::arg("dy"), py::arg("x"), py::arg("mean"),
           py::arg("rstd"), py::arg("weight"), py::arg("dx"), py::arg("dweight"), py::arg("dbias"));
-    m.def("attention_forward", &ops::attention_forward, py::arg("qkv"), py::arg("y"), py::arg("seq"), py::arg("nheads"),
+    m.def("attention_forward", &ops::attention_forward, nogil, py::arg("qkv"), py::arg("y"), py::arg("seq"), py::arg("nheads"),
           py::arg("scale"), py::arg("bf16") = false);
-    m.def("attention_backward", &ops::attention_backward, py::arg("dy"), py::arg("qkv"), py::arg("dqkv"), py::arg("seq"),
+    m.def("attention_backward", &ops::attention_backward, nogil, py::arg("dy"), py::arg("qkv"), py::arg("dqkv"), py::arg("seq"),
           py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false);
-    m.def("embedding_forward", &ops::embedding_forward, py::arg("ids"), py::arg("table"), py::arg("out"));
-    m.def("dropout", &ops::dropout, py::arg("x"), py::arg("y"), py::arg("p"), py::arg("seed"));
-    m.def("add_blocks", &ops::add_blocks, py::arg("src"), py::arg("dst"));
-    m.def("sum_blocks", &ops::sum_blocks, py::arg("src"), py::arg("dst"));
-    m.def("cross_entropy_forward", &ops::cross_entropy_forward, py::arg("labels"), py::arg("logits"),
+    m.def("embedding_forward", &ops::embedding_forward, nogil, py::arg("ids"), py::arg("table"), py::arg("out"));
+    m.def("dropout", &ops::dropout, nogil, py::arg("x"), py::arg("y"), py::arg("p"), py::arg("seed"));
+    m.def("add_blocks", &ops::add_blocks, nogil, py::arg("src"), py::arg("dst"));
+    m.def("sum_blocks", &ops::sum_blocks, nogil, py::arg("src"), py::arg("dst"));
+    m.def("cross_entropy_forward", &ops::cross_entropy_forward, nogil, py::arg("labels"), py::arg("logits"),
           py::arg("stats"), py::arg("acc"), py::arg("loss"), py::arg("mean"));
-    m.def("cross_entropy_backward", &ops::cross_entropy_backward, py::arg("labels"), py::arg("logits"),
+    m.def("cross_entropy_backward", &ops::cross_entropy_backward, nogil, py::arg("labels"), py::arg("logits"),
           py::arg("stats"), py::arg("acc"), py::arg("gout"), py::arg("dlogits"), py::arg("mean"));
-    m.def("embedding_backward", &ops::embedding_backward, py::arg("ids"), py::arg("dy"), py::arg("dtable"));
-    m.def("convert", &ops::convert, py::arg("src"), py::arg("dst"));
-    m.def("adamw", &ops::adamw, py::arg("grad"), py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
+    m.def("embedding_backward", &ops::embedding_backward, nogil, py::arg("ids"), py::arg("dy"), py::arg("dtable"));
+    m.def("convert", &ops::convert, nogil, py::arg("src"), py::arg("dst"));
+    m.def("adamw", &ops::adamw, nogil, py::arg("grad"), py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
           py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
           py::arg("init_state"), py::arg("seed") = 0);
 }

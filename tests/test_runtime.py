@@ -2,6 +2,7 @@
 import os
 import re
 import threading
+import time
 
 import pytest
 import torch
@@ -187,6 +188,40 @@ def test_the_window_bounds_the_tasks_pending(window):
         assert 1 <= most <= window + per_op, (most, per_op)
     else:
         assert most > 8 + per_op, (most, per_op)
+
+
+def test_other_python_threads_run_while_submission_waits():
+    """Submission waiting for the window (inside an op) holds no GIL: a Python thread ticking every millisecond
+    keeps ticking through 60 ops that each wait for the single worker. Holding the GIL it would tick about once
+    per op (when the loop runs Python between ops)."""
+    nt.shutdown()
+    nt.init(ncpus=1, ncuda=0, max_submitted_tasks=2)
+    ticks, stop = [0], threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0.001)
+
+    try:
+        t = nt.TileTensor.from_dense(torch.randn(2048, 2048), (2048, 2048))
+        u = t + t
+        nt.synchronize()
+        th = threading.Thread(target=tick)
+        th.start()
+        t0, n0 = time.perf_counter(), ticks[0]
+        for _ in range(60):
+            u = u + t
+        elapsed_ms = (time.perf_counter() - t0) * 1e3
+        n = ticks[0] - n0
+        stop.set()
+        th.join()
+        nt.synchronize()
+    finally:
+        stop.set()
+        nt.shutdown()
+    assert elapsed_ms > 60, elapsed_ms  # the ops did wait (a few ms each on one core)
+    assert n > 3 * 60 or n > 0.4 * elapsed_ms, (n, elapsed_ms)
 
 
 def test_training_with_a_tiny_window_is_bit_identical(tmp_path):
