@@ -2,6 +2,11 @@
 #include "tile_tensor.h"
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <map>
+#include <thread>
 #include <iomanip>
 #include <mutex>
 #include <sstream>
@@ -104,12 +109,100 @@ int cuda_node_of(int dev) {
     return -1;
 }
 
+// Host threads waiting to acquire a tile. StarPU's watchdog reports only when tasks are pending and none finishes;
+// an acquisition that never completes with no task pending stayed silent (H200, 2026-12-01: from_dense of a CUDA
+// input into a GPU share of 24 MiB full of weights). A monitor thread, started with the first wait and idle while
+// there is none, reports every wait that lasts past STARPU_WATCHDOG_TIMEOUT, once, with the memory nodes.
+struct HostWaits {
+    std::mutex m;
+    std::condition_variable cv;
+    std::map<uint64_t, std::pair<std::chrono::steady_clock::time_point, std::string>> waits;
+    uint64_t next = 0;
+    bool started = false;
+};
+HostWaits &host_waits() {
+    static auto *w = new HostWaits;  // never destroyed: the monitor thread may outlive main
+    return *w;
+}
+
+std::chrono::microseconds wait_report_delay() {
+    const char *v = std::getenv("STARPU_WATCHDOG_TIMEOUT");  // microseconds; runtime_init sets 2 minutes
+    const long long us = v && *v ? std::atoll(v) : 120000000LL;
+    return std::chrono::microseconds(std::max(us, 1000LL));
+}
+
+void monitor_host_waits() {
+    auto &w = host_waits();
+    std::unordered_set<uint64_t> reported;
+    std::unique_lock<std::mutex> lock(w.m);
+    for (;;) {
+        if (w.waits.empty()) {
+            reported.clear();
+            w.cv.wait(lock, [&] { return !w.waits.empty(); });
+        }
+        const auto delay = wait_report_delay();
+        w.cv.wait_for(lock, std::min<std::chrono::microseconds>(delay / 4, std::chrono::seconds(1)));
+        std::vector<std::string> late;
+        const auto now = std::chrono::steady_clock::now();
+        for (auto &[id, wait] : w.waits) {
+            if (now - wait.first < delay || !reported.insert(id).second) continue;
+            std::ostringstream os;
+            os << std::fixed << std::setprecision(1) << "nntile_torch: a host thread has waited "
+               << std::chrono::duration<double>(now - wait.first).count() << " s for " << wait.second;
+            late.push_back(os.str());
+        }
+        if (late.empty()) continue;
+        lock.unlock();  // memory_nodes_text takes the live-tensor lock
+        const std::string nodes = runtime_running() ? memory_nodes_text() : std::string("(runtime stopped)");
+        const int pending = starpu_task_nsubmitted();
+        for (auto &msg : late) {
+            std::string line = msg + " (" + std::to_string(pending) + " tasks pending). Memory nodes: " + nodes +
+                               (pending == 0 ? ". No task is pending: StarPU cannot make room for the tile on that node."
+                                             : ". It waits for the tasks before it.") +
+                               " Reported once per wait, after STARPU_WATCHDOG_TIMEOUT.\n";
+            std::fputs(line.c_str(), stderr);
+        }
+        std::fflush(stderr);
+        lock.lock();
+    }
+}
+
+// While alive, the calling thread's wait is known to the monitor.
+class HostWait {
+  public:
+    explicit HostWait(std::string what) {
+        auto &w = host_waits();
+        std::lock_guard<std::mutex> lock(w.m);
+        if (!w.started) {
+            std::thread(monitor_host_waits).detach();
+            w.started = true;
+        }
+        id_ = w.next++;
+        w.waits.emplace(id_, std::make_pair(std::chrono::steady_clock::now(), std::move(what)));
+        w.cv.notify_all();
+    }
+    ~HostWait() {
+        auto &w = host_waits();
+        std::lock_guard<std::mutex> lock(w.m);
+        w.waits.erase(id_);
+    }
+    HostWait(const HostWait &) = delete;
+    HostWait &operator=(const HostWait &) = delete;
+
+  private:
+    uint64_t id_ = 0;
+};
+
 // Copies between a tile and a dense block, on `node` (main RAM or the GPU of `device`), with the tile acquired
 // in `mode`. GPU copies run on torch's current stream, synchronized before the tile is released.
 template <class F>
 void with_tile(starpu_data_handle_t h, int node, starpu_data_access_mode mode, F &&f) {
     KeepCudaDevice keep;  // acquiring may allocate the tile on a GPU from this thread
-    NNTILE_STARPU_CHECK(starpu_data_acquire_on_node(h, node, mode), "acquiring a tile on node " << node);
+    {
+        HostWait wait(std::string("a tile on memory node ") + std::to_string(node) +
+                      (mode == STARPU_W ? " (to write it)" : " (to read it)"));
+        NNTILE_STARPU_CHECK(starpu_data_acquire_on_node(h, node, mode), "acquiring a tile on node " << node);
+    }
     try {
         f(starpu_data_handle_to_pointer(h, node));
     } catch (...) {
