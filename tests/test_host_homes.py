@@ -93,14 +93,17 @@ def test_training_under_eviction_is_the_same_with_homes(tmp_path):
 @pytest.mark.cuda
 @pytest.mark.skipif(not (torch.cuda.is_available() and _C.built_with_cuda), reason="requires CUDA")
 @pytest.mark.xfail(strict=True, reason="a known defect: on the H200 (2026-12-01) this run hangs in its first "
-                   "forward, in from_dense of the CUDA input into a GPU share of 24 MiB already full of weights, with "
-                   "homes and without (docs/DESIGN.md, 'Beyond GPU memory'); strict, so a fix shows up as XPASS")
+                   "forward, in from_dense of the CUDA input into a GPU share of 24 MiB (for 28 MiB of weights and "
+                   "moments), with homes and without (docs/DESIGN.md, 'Beyond GPU memory'); strict, so that a fix "
+                   "shows up as XPASS")
 def test_training_with_a_full_gpu_is_the_same_with_homes(tmp_path):
     """StarPU's GPU share limited to 24 MiB for 28 MiB of weights and moments: the GPU evicts into host RAM all the
     time, into the homes when they are on; bit-identical weights after four AdamW steps."""
     outs = []
     for homes in ("0", "1"):
-        w, _, homed = train_under_eviction(tmp_path, homes, timeout=60, NNTILE_HOST_HOMES=homes, ON_GPU="1")
+        # a wait past 20 s prints the memory nodes into the output that a timeout's failure message shows
+        w, _, homed = train_under_eviction(tmp_path, homes, timeout=60, NNTILE_HOST_HOMES=homes, ON_GPU="1",
+                                           STARPU_WATCHDOG_TIMEOUT="20000000")
         assert (homed > 20 * 2**20) == (homes == "1"), homed
         outs.append(w)
     assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])

@@ -111,7 +111,7 @@ int cuda_node_of(int dev) {
 
 // Host threads waiting to acquire a tile. StarPU's watchdog reports only when tasks are pending and none finishes;
 // an acquisition that never completes with no task pending stayed silent (H200, 2026-12-01: from_dense of a CUDA
-// input into a GPU share of 24 MiB full of weights). A monitor thread, started with the first wait and idle while
+// input into a GPU share of 24 MiB). A monitor thread, started with the first wait and idle while
 // there is none, reports every wait that lasts past STARPU_WATCHDOG_TIMEOUT, once, with the memory nodes.
 struct HostWaits {
     std::mutex m;
@@ -156,9 +156,9 @@ void monitor_host_waits() {
         const std::string nodes = runtime_running() ? memory_nodes_text() : std::string("(runtime stopped)");
         const int pending = starpu_task_nsubmitted();
         for (auto &msg : late) {
-            std::string line = msg + " (" + std::to_string(pending) + " tasks pending). Memory nodes: " + nodes +
-                               (pending == 0 ? ". No task is pending: StarPU cannot make room for the tile on that node."
-                                             : ". It waits for the tasks before it.") +
+            const char *why = pending == 0 ? ". No task is pending: StarPU cannot make room for the tile on that node."
+                                           : ". It waits for the tasks before it.";
+            std::string line = msg + " (" + std::to_string(pending) + " tasks pending). Memory nodes: " + nodes + why +
                                " Reported once per wait, after STARPU_WATCHDOG_TIMEOUT.\n";
             std::fputs(line.c_str(), stderr);
         }
