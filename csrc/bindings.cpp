@@ -89,8 +89,8 @@ PYBIND11_MODULE(_C, m) {
             runtime_init(c);
         },
         py::arg("ncpus"), py::arg("ncuda"), py::arg("cuda_memory_limit"), py::arg("host_memory_limit"),
-        py::arg("disk_path"), py::arg("disk_limit"), py::arg("scheduler"), py::arg("cpu_tasks") = -1, py::arg("places") = -1,
-        py::arg("max_submitted_tasks") = -1);
+        py::arg("disk_path"), py::arg("disk_limit"), py::arg("scheduler"), py::arg("cpu_tasks") = -1,
+        py::arg("places") = -1, py::arg("max_submitted_tasks") = -1);
     m.def(
         "shutdown",
         [](bool keep_data) {
@@ -190,21 +190,22 @@ PYBIND11_MODULE(_C, m) {
            const std::string &precision, bool k_over_places) {
             ops::gemm(ta, a, tb, b, c, alpha, beta, parse_precision(precision), k_over_places);
         },
-        nogil, py::arg("trans_a"), py::arg("a"), py::arg("trans_b"), py::arg("b"), py::arg("c"), py::arg("alpha") = 1.f,
-        py::arg("beta") = 0.f, py::arg("precision") = "fp32", py::arg("k_over_places") = false);
+        nogil, py::arg("trans_a"), py::arg("a"), py::arg("trans_b"), py::arg("b"), py::arg("c"),
+        py::arg("alpha") = 1.f, py::arg("beta") = 0.f, py::arg("precision") = "fp32", py::arg("k_over_places") = false);
     m.def("bias_add", &ops::bias_add, nogil, py::arg("b"), py::arg("y"));
     m.def("bias_grad", &ops::bias_grad, nogil, py::arg("dy"), py::arg("db"), py::arg("beta") = 0.f);
     m.def("add", &ops::add, nogil, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"));
     m.def("gelu_forward", &ops::gelu_forward, nogil, py::arg("x"), py::arg("y"), py::arg("tanh_approx"));
-    m.def("gelu_backward", &ops::gelu_backward, nogil, py::arg("dy"), py::arg("x"), py::arg("dx"), py::arg("tanh_approx"));
+    m.def("gelu_backward", &ops::gelu_backward, nogil, py::arg("dy"), py::arg("x"), py::arg("dx"),
+          py::arg("tanh_approx"));
     m.def("layer_norm_forward", &ops::layer_norm_forward, nogil, py::arg("x"), py::arg("weight"), py::arg("bias"),
           py::arg("eps"), py::arg("y"), py::arg("mean"), py::arg("rstd"));
     m.def("layer_norm_backward", &ops::layer_norm_backward, nogil, py::arg("dy"), py::arg("x"), py::arg("mean"),
           py::arg("rstd"), py::arg("weight"), py::arg("dx"), py::arg("dweight"), py::arg("dbias"));
-    m.def("attention_forward", &ops::attention_forward, nogil, py::arg("qkv"), py::arg("y"), py::arg("seq"), py::arg("nheads"),
-          py::arg("scale"), py::arg("bf16") = false);
-    m.def("attention_backward", &ops::attention_backward, nogil, py::arg("dy"), py::arg("qkv"), py::arg("dqkv"), py::arg("seq"),
+    m.def("attention_forward", &ops::attention_forward, nogil, py::arg("qkv"), py::arg("y"), py::arg("seq"),
           py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false);
+    m.def("attention_backward", &ops::attention_backward, nogil, py::arg("dy"), py::arg("qkv"), py::arg("dqkv"),
+          py::arg("seq"), py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false);
     m.def("embedding_forward", &ops::embedding_forward, nogil, py::arg("ids"), py::arg("table"), py::arg("out"));
     m.def("dropout", &ops::dropout, nogil, py::arg("x"), py::arg("y"), py::arg("p"), py::arg("seed"));
     m.def("add_blocks", &ops::add_blocks, nogil, py::arg("src"), py::arg("dst"));

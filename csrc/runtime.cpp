@@ -79,27 +79,26 @@ int env_int(const char *name) {
     return v && *v ? std::atoi(v) : -1;
 }
 
-// StarPU 1.3.10 throttles submission (task.c, starpu_task_submit) only when both variables are set (it asserts
-// they are not negative): above MAX
-// pending tasks the submitting thread waits until MIN remain. Without a window a whole training step is
-// submitted ahead of its execution and the scheduler allocates and prefetches data for the tasks it has queued;
-// on a GPU that the model overfills, that held memory nothing could evict: GPT 13B at batch 16 on one H200 took
-// step 0 in 47 s and then no step in 106 s, with the window of 2,000 it steps in 8.3 s (GPT-2 XL, which fits:
-// 20,634 -> 20,909 tokens/s).
+// StarPU 1.3.10 throttles submission (task.c, starpu_task_submit) only when both variables are set (it asserts they
+// are not negative): above MAX pending tasks the submitting thread waits until MIN remain. Without a window a whole
+// training step is submitted ahead of its execution and the scheduler allocates and prefetches data for the tasks
+// it has queued; on a GPU that the model overfills, that held memory nothing could evict: GPT 13B at batch 16 on
+// one H200 took step 0 in 47 s and then no step in 106 s, with the window of 2,000 it steps in 8.3 s (GPT-2 XL,
+// which fits: 20,634 -> 20,909 tokens/s).
 void set_submission_window(int max_tasks) {
     const char *kMax = "STARPU_LIMIT_MAX_SUBMITTED_TASKS", *kMin = "STARPU_LIMIT_MIN_SUBMITTED_TASKS";
     if (max_tasks == 0) {
         unset_env(kMax);
         unset_env(kMin);
-    } else if (max_tasks > 0) {
-        set_env_int(kMax, max_tasks);
-        set_env_int(kMin, max_tasks * 4 / 5);
-    } else if (env_int(kMax) < 0) {
-        set_env_int(kMax, kDefaultSubmissionWindow);
-        set_env_int(kMin, kDefaultSubmissionWindow * 4 / 5);
-    } else if (env_int(kMin) < 0) {  // the user's MAX alone would not throttle
-        set_env_int(kMin, env_int(kMax) * 4 / 5);
+        return;
     }
+    if (max_tasks < 0 && env_int(kMax) >= 0) {  // the user's window; their MAX alone would not throttle
+        if (env_int(kMin) < 0) set_env_int(kMin, env_int(kMax) * 4 / 5);
+        return;
+    }
+    const int n = max_tasks > 0 ? max_tasks : kDefaultSubmissionWindow;
+    set_env_int(kMax, n);
+    set_env_int(kMin, n * 4 / 5);
 }
 
 // StarPU's CPU workers each run one task at a time; BLAS inside a task must not start its own thread team

@@ -5,11 +5,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
-#include <map>
-#include <thread>
 #include <iomanip>
+#include <map>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <unordered_set>
 
 #include "../cuda_device.h"
@@ -113,10 +113,15 @@ int cuda_node_of(int dev) {
 // an acquisition that never completes with no task pending stayed silent (H200, 2026-12-01: from_dense of a CUDA
 // input into a GPU share of 24 MiB). A monitor thread, started with the first wait and idle while
 // there is none, reports every wait that lasts past STARPU_WATCHDOG_TIMEOUT, once, with the memory nodes.
+struct HostWaitInfo {
+    std::chrono::steady_clock::time_point start;
+    int node;
+    bool write;
+};
 struct HostWaits {
     std::mutex m;
     std::condition_variable cv;
-    std::map<uint64_t, std::pair<std::chrono::steady_clock::time_point, std::string>> waits;
+    std::map<uint64_t, HostWaitInfo> waits;
     uint64_t next = 0;
     bool started = false;
 };
@@ -145,10 +150,11 @@ void monitor_host_waits() {
         std::vector<std::string> late;
         const auto now = std::chrono::steady_clock::now();
         for (auto &[id, wait] : w.waits) {
-            if (now - wait.first < delay || !reported.insert(id).second) continue;
+            if (now - wait.start < delay || !reported.insert(id).second) continue;
             std::ostringstream os;
             os << std::fixed << std::setprecision(1) << "nntile_torch: a host thread has waited "
-               << std::chrono::duration<double>(now - wait.first).count() << " s for " << wait.second;
+               << std::chrono::duration<double>(now - wait.start).count() << " s for a tile on memory node "
+               << wait.node << (wait.write ? " (to write it)" : " (to read it)");
             late.push_back(os.str());
         }
         if (late.empty()) continue;
@@ -167,10 +173,10 @@ void monitor_host_waits() {
     }
 }
 
-// While alive, the calling thread's wait is known to the monitor.
+// While alive, the calling thread's wait for a tile on `node` is known to the monitor.
 class HostWait {
   public:
-    explicit HostWait(std::string what) {
+    HostWait(int node, bool write) {
         auto &w = host_waits();
         std::lock_guard<std::mutex> lock(w.m);
         if (!w.started) {
@@ -178,7 +184,7 @@ class HostWait {
             w.started = true;
         }
         id_ = w.next++;
-        w.waits.emplace(id_, std::make_pair(std::chrono::steady_clock::now(), std::move(what)));
+        w.waits.emplace(id_, HostWaitInfo{std::chrono::steady_clock::now(), node, write});
         w.cv.notify_all();
     }
     ~HostWait() {
@@ -199,8 +205,7 @@ template <class F>
 void with_tile(starpu_data_handle_t h, int node, starpu_data_access_mode mode, F &&f) {
     KeepCudaDevice keep;  // acquiring may allocate the tile on a GPU from this thread
     {
-        HostWait wait(std::string("a tile on memory node ") + std::to_string(node) +
-                      (mode == STARPU_W ? " (to write it)" : " (to read it)"));
+        HostWait wait(node, mode == STARPU_W);
         NNTILE_STARPU_CHECK(starpu_data_acquire_on_node(h, node, mode), "acquiring a tile on node " << node);
     }
     try {
