@@ -448,7 +448,7 @@ def parse_args(argv=None):
     g.add_argument("--disk-limit", help="size of the disk node, e.g. 500GiB")
     g.add_argument("--scheduler", help="StarPU scheduler (default dmdas with GPUs, lws on CPUs)")
     g.add_argument("--max-submitted-tasks", type=int,
-                   help="submission window: tasks pending before submission waits (default 2000; 0: none)")
+                   help="submission window: tasks pending before submission waits (default 1000; 0: none)")
     g.add_argument("--offload-fraction", type=float, default=1.0,
                    help="variant offload: share of the weights whose AdamW runs on CPU workers with master weights "
                         "and states in host RAM (default 1.0)")

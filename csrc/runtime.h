@@ -32,7 +32,7 @@ struct RuntimeConfig {
     // (and _MIN) if set, else kDefaultSubmissionWindow; 0 = no window.
     int max_submitted_tasks = -1;
 };
-constexpr int kDefaultSubmissionWindow = 2000;
+constexpr int kDefaultSubmissionWindow = 1000;
 
 void runtime_init(const RuntimeConfig &cfg);
 // keep_data: tile tensors still alive keep a dense copy and get their tiles back after the next init.

@@ -119,8 +119,8 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     decides); the results depend on places, never on the worker count. max_submitted_tasks: the submission
     window, how many tasks may be pending before the submitting thread waits (until 4/5 of them remain); None
     (default) means StarPU's STARPU_LIMIT_MAX_SUBMITTED_TASKS (and _MIN) when set in the environment, else
-    2000; 0 means no window. Without one, a whole step is submitted ahead of its execution, and a model that
-    overfills the GPU stalls (GPT 13B at batch 16 on one H200: no second step; 8.3 s per step with 2000); info()
+    1000; 0 means no window. Without one, a whole step is submitted ahead of its execution, and a model that
+    overfills the GPU stalls (GPT 13B at batch 16 on one H200: no second step; 6.8 s per step with 1000); info()
     reports it as submission_window (max, min). Calling init again with the same arguments
     does nothing; with other arguments while running raises RuntimeError (call shutdown() first).
     """

@@ -68,7 +68,7 @@ def parse_args(argv=None):
     ap.add_argument("--host-memory-limit", help="StarPU's share of host RAM, e.g. 64GiB (default: with GPUs, the "
                     "RAM less max(16 GiB, 1/8); on CPUs alone, no limit)")
     ap.add_argument("--max-submitted-tasks", type=int, help="StarPU's submission window: tasks pending before "
-                    "the training loop waits (default 2000; 0: none)")
+                    "the training loop waits (default 1000; 0: none)")
     ap.add_argument("--corpus-bytes", type=int, default=8 << 20, help="bytes of corpus to read (default 8 MiB)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--compare-torch", action="store_true", help="train the unconverted model beside it")

@@ -141,12 +141,12 @@ _WINDOW_VARS = ("STARPU_LIMIT_MAX_SUBMITTED_TASKS", "STARPU_LIMIT_MIN_SUBMITTED_
 def test_submission_window_from_argument_environment_or_default(monkeypatch):
     for v in _WINDOW_VARS:
         monkeypatch.delenv(v, raising=False)
-    cases = [(dict(), {}, (2000, 1600)), (dict(max_submitted_tasks=10), {}, (10, 8)),
+    cases = [(dict(), {}, (1000, 800)), (dict(max_submitted_tasks=10), {}, (10, 8)),
              (dict(max_submitted_tasks=0), {}, None),
              (dict(), {_WINDOW_VARS[0]: "300"}, (300, 240)),  # the user's MAX alone gets a MIN
              (dict(), {_WINDOW_VARS[0]: "300", _WINDOW_VARS[1]: "100"}, (300, 100)),
              (dict(max_submitted_tasks=50), {_WINDOW_VARS[0]: "300"}, (50, 40)),  # the argument wins
-             (dict(), {}, (2000, 1600))]  # nothing left behind by the runs before
+             (dict(), {}, (1000, 800))]  # nothing left behind by the runs before
     try:
         for kwargs, env, expected in cases:
             nt.shutdown()  # restores the environment the runtime started from
