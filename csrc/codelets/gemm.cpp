@@ -25,7 +25,13 @@ void gemm_cpu_func(void *buffers[], void *cl_arg) {
 #ifdef NNTILE_USE_CUDA
 void gemm_cuda_func(void *buffers[], void *cl_arg) {
     auto *a = static_cast<GemmArgs *>(cl_arg);
-    kernels::gemm_cuda(starpu_cublas_get_local_handle(), a->shape, a->ta, (void *)STARPU_VECTOR_GET_PTR(buffers[0]),
+    // StarPU's handle already queues on this worker's stream; asking for the stream here as well tells StarPU so,
+    // which it checks once per worker: otherwise a first task that is a GEMM prints a false warning that kernels go
+    // to another stream ("CUDA will thus introduce a lot of useless synchronizations").
+    cublasHandle_t handle = starpu_cublas_get_local_handle();
+    NNTILE_CHECK(cublasSetStream(handle, starpu_cuda_get_local_stream()) == CUBLAS_STATUS_SUCCESS,
+                 "cublasSetStream failed");
+    kernels::gemm_cuda(handle, a->shape, a->ta, (void *)STARPU_VECTOR_GET_PTR(buffers[0]),
                        a->tb, (void *)STARPU_VECTOR_GET_PTR(buffers[1]), a->tc,
                        (void *)STARPU_VECTOR_GET_PTR(buffers[2]), a->precision);
 }
