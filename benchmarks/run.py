@@ -253,6 +253,27 @@ def signal_reason(rc):
     return f"killed by signal {-rc} ({name}{hint})"
 
 
+def code_commit(root=ROOT):
+    """The commit of the code under test, for the records: git's HEAD in a checkout (with "+changes" when tracked
+    files differ from it), else the text of .carry/code_commit (scripts/prepare_carry.sh writes it there for the GPU
+    machine, whose copy of the tree has no .git), else None."""
+    try:
+        git = ["git", "-C", root]
+        head = subprocess.run([*git, "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, timeout=20,
+                              check=False)
+        if head.returncode == 0 and head.stdout.strip():
+            changed = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                                     text=True, timeout=20, check=False).stdout.strip()
+            return head.stdout.strip() + ("+changes" if changed else "")
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        with open(os.path.join(root, ".carry", "code_commit")) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def attempt_settings(nntile_options, flags, environ):
     """What sets an attempt apart beyond backend, variant, config and batch: nntile options given on the command
     line, and NNTILE_* / STARPU_* environment variables (A/B runs of one variant differ only there)."""
@@ -324,7 +345,8 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
                "time": datetime.datetime.now().isoformat(timespec="seconds"),
                "log": os.path.relpath(log_path, args.out),
                "settings": attempt_settings(spec["nntile"] if a["backend"] == "nntile" else None, spec["flags"],
-                                            os.environ)}
+                                            os.environ),
+               "code_commit": args.code_commit}
         reason = precheck(a, cpu_only, args, world)
         if reason:
             rec.update(status="unavailable", reason=reason, wall_s=0.0, log=None)
@@ -482,6 +504,7 @@ def parse_args(argv=None):
     args.precisions = [p.strip() for p in args.precision.split(",")]
     if any(p not in ("bf16", "tf32", "fp32") for p in args.precisions):
         ap.error(f"--precision takes bf16, tf32, fp32 (got {args.precision})")
+    args.code_commit = code_commit()
     return args
 
 

@@ -103,8 +103,21 @@ for step in "$@"; do
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
           .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
       fi
-      if { [[ ${BENCH_ARGS:-} == *deepspeed* ]] || { [[ ${BENCH_ARGS:-} == @* ]] && grep -q deepspeed "${BENCH_ARGS#@}"; }; } \
-          && python3 -c "import deepspeed" 2>/dev/null; then
+      if [ -d .carry/aio ] && [ ! -f /usr/include/libaio.h ]; then  # libaio for DeepSpeed's async_io (nvme variant)
+        aio=$PWD/.carry/aio
+        export CFLAGS="-I$aio/include ${CFLAGS:-}" LDFLAGS="-L$aio/lib ${LDFLAGS:-}" CPATH=$aio/include${CPATH:+:$CPATH}
+        export LIBRARY_PATH=$aio/lib${LIBRARY_PATH:+:$LIBRARY_PATH} LD_LIBRARY_PATH=$aio/lib:$LD_LIBRARY_PATH
+      fi
+      plan_text=${BENCH_ARGS:-}; [[ $plan_text == @* ]] && plan_text=$(cat "${plan_text#@}")
+      if [[ $plan_text == *nvme* ]] && python3 -c "import deepspeed" 2>/dev/null; then
+        # the async_io op compiles on first use, like DeepSpeedCPUAdam below: once here, outside the budget
+        t1=$(date +%s)
+        timeout 300 python3 -c "from deepspeed.ops.op_builder import AsyncIOBuilder as B; b = B()
+print('async_io compatible:', b.is_compatible(verbose=True)); b.load()" >"$OUT/ds_async_io.log" 2>&1
+        echo "DeepSpeed async_io build: rc=$?, $(( $(date +%s) - t1 )) s" | tee -a "$OUT/bench.log"
+        tail -3 "$OUT/ds_async_io.log"
+      fi
+      if [[ $plan_text == *deepspeed* ]] && python3 -c "import deepspeed" 2>/dev/null; then
         # DeepSpeedCPUAdam compiles on first use (minutes; an XL attempt was cut at 62 s while compiling): build it
         # once here, outside the attempts' budget; torch's extension cache keeps it for every attempt after.
         t1=$(date +%s)

@@ -2,6 +2,9 @@
 # Gathers what the GPU machine lacks into .carry/ (git-ignored): the StarPU prefix (shared library, headers,
 # pkg-config file, libhwloc) and, when given, a StarPU home with calibrated models (a tarball from $OUT) and the
 # extension an earlier GPU call built ($OUT/prebuilt: used when the sources still match, which skips the build).
+# Also libaio's header and library (.carry/aio), which DeepSpeed's NVMe offload (async_io op) compiles against and
+# the GPU machine may lack: Debian's libaio-dev and its library package, unpacked. And .carry/code_commit, the
+# commit the harness records (the GPU machine's copy has no .git).
 #   bash scripts/prepare_carry.sh [starpu_home.tgz [prebuilt_dir]]
 set -euo pipefail
 prefix=${STARPU_PREFIX:-/opt/nntile_torch/starpu-1.3.10}
@@ -13,4 +16,21 @@ hw=$(ldconfig -p | awk '/libhwloc.so.15 /{print $NF; exit}')
 cp -L "$hw" .carry/starpu/lib/libhwloc.so.15 && ln -sf libhwloc.so.15 .carry/starpu/lib/libhwloc.so
 if [ $# -ge 1 ]; then rm -rf .carry/starpu_home && mkdir -p .carry/starpu_home && tar xzf "$1" -C .carry/starpu_home; fi
 if [ $# -ge 2 ] && [ -d "$2" ]; then mkdir -p .carry/prebuilt && cp -r "$2"/. .carry/prebuilt/; fi
+# The commit the GPU machine's copy comes from (it has no .git), for the harness's records (benchmarks/run.py).
+if git rev-parse --short=7 HEAD >/dev/null 2>&1; then
+  echo "$(git rev-parse --short=7 HEAD)$([ -n "$(git status --porcelain --untracked-files=no)" ] && echo +changes)" \
+    >.carry/code_commit
+fi
+rm -rf .carry/aio && mkdir -p .carry/aio/include .carry/aio/lib
+tmp=$(mktemp -d)
+if (cd "$tmp" && apt-get download libaio-dev >/dev/null 2>&1 \
+      && { apt-get download libaio1t64 >/dev/null 2>&1 || apt-get download libaio1 >/dev/null 2>&1; }); then
+  for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$tmp/root"; done
+  cp "$tmp"/root/usr/include/libaio.h .carry/aio/include/
+  cp -a "$tmp"/root/usr/lib/x86_64-linux-gnu/libaio.so* .carry/aio/lib/
+else
+  echo "warning: libaio packages not downloadable; DeepSpeed's nvme variant will depend on the GPU machine's" >&2
+  rm -rf .carry/aio
+fi
+rm -rf "$tmp"
 du -sh .carry

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from benchmarks.configs import CONFIGS, flops_per_token, param_count
-from benchmarks.run import machine_name, parse_backends
+from benchmarks.run import code_commit, machine_name, parse_backends
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--config", "tiny", "--precision", "tf32", "--batch", "4", "--seq", "32", "--steps", "2", "--warmup", "1",
@@ -54,6 +54,7 @@ def test_every_attempt_is_recorded_with_its_fields(bench):
         assert (r["config"], r["params"], r["layers"], r["hidden"]) == ("tiny", 118528, 2, 64)
         if r["status"] == "unavailable":
             assert r["reason"], r
+        assert r["code_commit"] == code_commit() and r["code_commit"], r["code_commit"]
     # One progress line per attempt, then the table.
     progress = [ln for ln in bench["stdout"].splitlines() if ln.startswith("[")]
     assert len(progress) == 7 and all(" ok: " in ln or " unavailable: " in ln for ln in progress), progress
@@ -212,3 +213,15 @@ def test_a_slow_nntile_step_reports_its_memory_nodes_in_the_log(capsys):
     out = capsys.readouterr().out
     assert 1 <= len(calls) <= 3 and out.count("step 3 still running after") == len(calls), out
     assert log_progress(out)["memory_nodes"] == "NUMA 0: 2.0 of 2.0 GiB used"
+
+
+def test_code_commit_from_git_or_from_the_carried_file(tmp_path):
+    git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
+                         check=False)
+    if git.returncode == 0:  # a checkout (CI clones one): HEAD, marked when tracked files differ
+        assert code_commit().split("+")[0] == git.stdout.strip()
+    # A copy of the tree without .git (the GPU machine's): what scripts/prepare_carry.sh wrote, or nothing.
+    assert code_commit(str(tmp_path)) is None
+    (tmp_path / ".carry").mkdir()
+    (tmp_path / ".carry" / "code_commit").write_text("abc1234+changes\n")
+    assert code_commit(str(tmp_path)) == "abc1234+changes"
