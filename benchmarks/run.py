@@ -216,7 +216,7 @@ def log_progress(log_text):
     tiles = re.findall(r"^step \d+: .*peak tiles ([0-9.]+) GiB", log_text, re.M)  # nntile's live tiles
     # nntile's memory nodes, from a slow step's report or the stall report: what filled them
     nodes = re.findall(r"(?:^step \d+ still running after \d+ s; memory nodes|no StarPU task finished.*Memory nodes): "
-                       r"(.*?)(?:\. A memory node.*)?$", log_text, re.M)
+                       r"(.*?)(?:\. [A-Z].*)?$", log_text, re.M)  # then the advice, after ". "
     phase = re.findall(r"^(DeepSpeedCPUAdam: .*)$", log_text, re.M)  # slow phases the worker announces
     return {"setup_s": float(setup[-1]) if setup else None, "step_times": [float(t) for t, _ in steps],
             "losses": [float(v) for _, v in steps],

@@ -469,7 +469,8 @@ def run_attempt(spec, rank, world):
         vocab = hf_config(spec["config"], spec["seq"]).vocab_size
         times, losses = [], []
         if stats is not None:
-            slow = SlowStepReport(sys.modules["nntile_torch"].memory_nodes_report)
+            nt_mod = sys.modules["nntile_torch"]
+            slow = SlowStepReport(lambda: f"{nt_mod.memory_nodes_report()}. {nt_mod.memory_advice()}")
         for s in range(spec["warmup"] + spec["steps"]):
             ids = batch_ids(spec, s, vocab)[rank * per_rank:(rank + 1) * per_rank].to(device)
             sync()

@@ -4,6 +4,7 @@
 
 #include "ops/ops.h"
 #include "runtime.h"
+#include "stall_advice.h"
 #include "tiles/tile_tensor.h"
 
 namespace py = pybind11;
@@ -135,6 +136,31 @@ PYBIND11_MODULE(_C, m) {
         return out;
     });
     m.def("memory_nodes_report", &memory_nodes_text);
+    m.def("stall_advice_now", &stall_advice_now);
+    // The advice for given nodes (dicts as memory_nodes() returns; missing byte counts are 0): what tests feed it.
+    m.def(
+        "stall_advice",
+        [](const py::list &nodes, bool has_disk, int max_window) {
+            std::vector<NodeTiles> v;
+            for (const auto &item : nodes) {
+                auto d = item.cast<py::dict>();
+                auto get = [&](const char *k, int64_t dflt) {
+                    return d.contains(k) ? d[k].cast<int64_t>() : dflt;
+                };
+                NodeTiles n;
+                n.name = d["name"].cast<std::string>();
+                n.total = get("total_bytes", -1);
+                n.used = get("used_bytes", -1);
+                n.allocated = get("allocated_bytes", 0);
+                n.valid = get("valid_bytes", 0);
+                n.sole = get("sole_bytes", 0);
+                n.stale = get("stale_bytes", 0);
+                n.homes = get("home_bytes", 0);
+                v.push_back(n);
+            }
+            return stall_advice(v, has_disk, max_window);
+        },
+        py::arg("nodes"), py::arg("has_disk"), py::arg("max_window"));
     m.def("host_home_budget", &host_home_budget);
     m.def("host_homed_bytes", &host_homed_bytes);
     m.def("blocking_waits", &blocking_waits);

@@ -2,12 +2,12 @@
 import torch  # noqa: F401  (loads libtorch and, in CUDA builds, the cuBLAS/cudart that _C links against)
 
 from . import _C  # noqa: F401  (nt._C, the native module)
-from .runtime import (info, init, is_running, memory_nodes, memory_nodes_report, memory_summary, reset_peak_stats,
-                      shutdown, stats, synchronize)
+from .runtime import (info, init, is_running, memory_advice, memory_nodes, memory_nodes_report, memory_summary,
+                      reset_peak_stats, shutdown, stats, synchronize)
 from .tensor import TileTensor
 from . import nn, optim  # noqa: E402  (need the runtime and TileTensor)
 from .convert import convert  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["init", "shutdown", "info", "stats", "reset_peak_stats", "memory_nodes", "memory_nodes_report",
-           "memory_summary", "synchronize", "is_running", "TileTensor", "nn", "optim", "convert"]
+           "memory_advice", "memory_summary", "synchronize", "is_running", "TileTensor", "nn", "optim", "convert"]

@@ -216,6 +216,15 @@ def memory_nodes_report():
     return _C.memory_nodes_report()
 
 
+def memory_advice():
+    """What to do if the training stalls now, read from memory_nodes(): which nodes are at their limit, and whether
+    memory outside live tiles fills them (a smaller submission window bounds it) or the only copies of live tiles
+    fill every node (the data does not fit with room to move: a disk node, a smaller batch, bf16 optimizer state).
+    The stall report (no task finished for STARPU_WATCHDOG_TIMEOUT) prints the same."""
+    ensure_init()
+    return _C.stall_advice_now()
+
+
 def memory_summary(top=12):
     """Where the tile bytes go: live tile tensors grouped by name and dtype (names such as "weight", "exp_avg",
     "linear.y" tell parameters, optimizer states and activations apart), largest first, as a table string."""

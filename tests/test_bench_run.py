@@ -170,6 +170,9 @@ def test_a_failed_attempt_keeps_how_far_it_came():
     stall = ("nntile_torch: no StarPU task finished for 60.0 s (9 tasks pending, 0 ready). Memory nodes: NUMA 0: 2.0 "
              "of 2.0 GiB used, tile buffers 2.0 GiB (valid 1.0). A memory node at its limit is ...\n")
     assert log_progress(stall)["memory_nodes"] == "NUMA 0: 2.0 of 2.0 GiB used, tile buffers 2.0 GiB (valid 1.0)"
+    advised = slow + ("step 3 still running after 120 s; memory nodes: NUMA 0: 2.0 of 2.0 GiB used, other 1.2 GiB. "
+                      "At their limit: NUMA 0. Memory held outside live tiles ...\n")
+    assert log_progress(advised)["memory_nodes"] == "NUMA 0: 2.0 of 2.0 GiB used, other 1.2 GiB"
     assert log_progress(log)["memory_nodes"] is None
     assert signal_reason(-11) == "killed by signal 11 (SIGSEGV, a crash in native code)"
     assert signal_reason(-9).startswith("killed by signal 9 (SIGKILL, out of host memory?")

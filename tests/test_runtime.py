@@ -463,3 +463,42 @@ def test_memory_summary_groups_live_tiles_by_name():
     del a, b
     gc.collect()
     assert "probe.big" not in nt.memory_summary(top=200)
+
+
+def _gib_node(name, total, used, allocated=0.0, sole=0.0):
+    g = 2**30
+    return {"name": name, "total_bytes": int(total * g), "used_bytes": int(used * g),
+            "allocated_bytes": int(allocated * g), "valid_bytes": int(allocated * g), "sole_bytes": int(sole * g)}
+
+
+def test_stall_advice_reads_what_fills_the_nodes():
+    """The stall report's advice, on the breakdowns of two H200 stalls of 2026-12-01 (large_models_v6) and made-up
+    ones: memory outside live tiles -> a smaller window; only copies of live tiles everywhere -> a disk node."""
+    from nntile_torch import _C
+    # 13B batch 32, window 2000: the GPU full of buffers that are no live tile's.
+    b32 = [_gib_node("NUMA 0", 109.8, 109.8, 77.6, 77.6), _gib_node("CUDA 0", 125.8, 125.1, 18.2, 18.2)]
+    text = _C.stall_advice(b32, False, 2000)
+    assert text.startswith("At their limit: NUMA 0, CUDA 0."), text
+    assert "NUMA 0 32.2 of 109.8 GiB, CUDA 0 106.9 of 125.8 GiB" in text, text
+    assert "init(max_submitted_tasks=1000), now 2000" in text and "disk node" not in text, text
+    # 20B batch 8: host and GPU full of the only copies of live tiles, no disk node.
+    b8 = [_gib_node("NUMA 0", 108.0, 108.0, 88.0, 88.0), _gib_node("CUDA 0", 125.8, 125.6, 107.5, 107.5)]
+    text = _C.stall_advice(b8, False, 2000)
+    assert "Memory held outside" not in text and "only valid copies" in text, text
+    assert "Add a disk node (init(disk_path=..., disk_limit=...))" in text, text
+    disk = b8 + [_gib_node("Disk 0", 40.0, 39.9, 39.0, 39.0)]
+    text = _C.stall_advice(disk, True, -1)
+    assert "only valid copies" in text and "Add a disk node" not in text and "Make it smaller" in text, text
+    # A node at its limit with neither pattern: the general advice; none at its limit: not an eviction stall.
+    mixed = [_gib_node("NUMA 0", 100.0, 99.0, 90.0, 30.0), _gib_node("CUDA 0", 80.0, 40.0, 40.0, 40.0)]
+    text = _C.stall_advice(mixed, False, -1)
+    assert text.startswith("At their limit: NUMA 0.") and "fails to evict" in text, text
+    assert _C.stall_advice(mixed[1:], False, -1).startswith("No memory node is at its limit"), mixed
+    # Without a window the advice names one, and the running runtime gives its own nodes.
+    assert "init(max_submitted_tasks=1000), now none" in _C.stall_advice(b32, False, -1)
+    nt.shutdown()
+    nt.init(ncpus=1, ncuda=0)
+    try:
+        assert nt.memory_advice().startswith("No memory node is at its limit")  # no host limit: none is full
+    finally:
+        nt.shutdown()
