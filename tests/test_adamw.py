@@ -259,6 +259,26 @@ def test_moments_stay_in_place_across_steps(state_dtype):
     assert nt.stats()["tile_bytes"] == before and nt.stats()["peak_tile_bytes"] <= before + grad_bytes
 
 
+def test_moments_set_by_hand_are_used_by_the_next_step(device):
+    """The optimizer skips re-tiling the moments while they are the tile tensors it left in its state; moments
+    replaced in opt.state (dense, as a state_dict loads them) are tiled and used by the next step, as torch's are."""
+    ours, ref = models(device)
+    opt, ref_opt = nt.optim.AdamW(ours.parameters(), lr=1e-2), torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    data = batches(4, device)
+    train(ours, opt, data[:2])
+    train(ref, ref_opt, data[:2])
+    g = torch.Generator().manual_seed(5)
+    for (p, q) in zip(ours.parameters(), ref.parameters()):
+        m, v = torch.randn(q.shape, generator=g).to(device), torch.rand(q.shape, generator=g).to(device)
+        opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"] = m.clone(), v.clone()
+        ref_opt.state[q]["exp_avg"], ref_opt.state[q]["exp_avg_sq"] = m.clone(), v.clone()
+    train(ours, opt, data[2:])
+    train(ref, ref_opt, data[2:])
+    for p, q in zip(ours.parameters(), ref.parameters()):
+        assert norm_err(p, q) <= 1e-5 * q.detach().norm().item(), norm_err(p, q)
+        assert isinstance(opt.state[p]["exp_avg"], nt.TileTensor)
+
+
 def test_bf16_state_dict_round_trip(device):
     data = batches(6, device)
     ours, _ = models(device)

@@ -15,7 +15,8 @@ _STATE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
 def _evict_updated_first():
-    """NNTILE_EVICT_WONT_USE_FIRST=1 (read by the patched StarPU too, scripts/patch_starpu.py): after each update
+    """NNTILE_EVICT_WONT_USE_FIRST=1 (read when the optimizer is built, and by the patched StarPU too,
+    scripts/patch_starpu.py): after each update
     the moments, and the fp32 weight of a weight with a bf16 copy (that copy is then made right away instead of
     in the next forward), are marked "won't use", which puts them first in their node's eviction order. A
     training step updates them in the same order every step, so the ones updated last are needed last: evicting
@@ -31,6 +32,18 @@ def _tiles_like(param, value, dtype=torch.float32, name="", persistent=False):
     if isinstance(value, TileTensor) and value.tiles is tiles and value.shape == param.shape:
         return value
     return TileTensor(tiles, param.shape, param.device)
+
+
+def _grad_tiles(param):
+    """The fp32 tiles of param.grad tiled like param: the gradient's own tiles when they are (as backward makes
+    them; torch keeps a gradient's shape equal to its parameter's), checked without torch's dispatch: this runs
+    once per parameter per step, on the submitting thread (docs/DESIGN.md, "The stream of tasks")."""
+    grad = param.grad
+    if type(grad) is TileTensor:
+        g, t = grad._tiles, param._tiles
+        if g.dtype == "float32" and g.tile_shape == t.tile_shape and g.shape == t.shape:
+            return g
+    return _tiles_like(param, grad).tiles
 
 
 class AdamW(torch.optim.Optimizer):
@@ -85,6 +98,8 @@ class AdamW(torch.optim.Optimizer):
         self.state_dtype = state_dtype
         self._hooks = []
         self._seeds = {}  # parameter -> its index in the groups: the stochastic rounding's seed
+        self._tiled_states = {}  # parameter -> (exp_avg, exp_avg_sq) as last checked: no re-check while they stay
+        self._evict_first = _evict_updated_first()
         super().__init__(params, defaults)
         self._host = self._offloaded(offload)
         for p in self._host:
@@ -149,8 +164,11 @@ class AdamW(torch.optim.Optimizer):
         return loss
 
     def _update(self, group, p):
+        # Once per parameter per step on the submitting thread: kept free of torch dispatch where it can be (48
+        # layers = 580 parameters; the submission of an update took ~85 us here, 2026-12-01, ~45 after).
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        if p.grad.is_sparse:
+        tiled = type(p) is TileTensor and p._tiles.dtype == "float32"
+        if not (tiled and type(p.grad) is TileTensor) and p.grad.is_sparse:  # tiles are never sparse
             raise RuntimeError("AdamW does not support sparse gradients")
         state = self.state[p]
         fresh = len(state) == 0
@@ -158,33 +176,36 @@ class AdamW(torch.optim.Optimizer):
             state["step"] = torch.tensor(0.0)
         state["step"] = state["step"] + 1  # not in place: a loaded state_dict may share the tensor
         step = int(state["step"].item())
-        if isinstance(p, TileTensor) and p.dtype == torch.float32:
+        if tiled:
             with host_tasks() if p in self._host else contextlib.nullcontext():
-                self._tile_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step,
-                                self.state_dtype, self._seeds[p])
+                self._tile_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step)
         else:
             self._dense_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step)
 
-    @staticmethod
-    def _tile_step(p, state, fresh, maximize, lr, beta1, beta2, eps, wd, step, dtype, seed):
-        grad = _tiles_like(p, p.grad)
+    def _tile_step(self, p, state, fresh, maximize, lr, beta1, beta2, eps, wd, step):
+        dtype = self.state_dtype
+        grad = _grad_tiles(p)
         if maximize:
-            neg = _C.TileTensor(list(grad.tiles.shape), list(grad.tiles.tile_shape), "float32", "")
-            _C.add(-1.0, grad.tiles, 0.0, neg)
-            grad = TileTensor(neg, p.shape, p.device)
+            neg = _C.TileTensor(list(grad.shape), list(grad.tile_shape), "float32", "")
+            _C.add(-1.0, grad, 0.0, neg)
+            grad = neg
         if fresh:
             shape, tile = list(p.tiles.shape), list(p.tiles.tile_shape)
             for name in ("exp_avg", "exp_avg_sq"):
                 state[name] = TileTensor(_C.TileTensor(shape, tile, _STATE_DTYPES[dtype], name, True), p.shape,
                                          p.device)
-        else:  # states loaded from a state_dict arrive dense (and in the type they were saved in)
-            state["exp_avg"] = _tiles_like(p, state["exp_avg"], dtype, "exp_avg", True)
-            state["exp_avg_sq"] = _tiles_like(p, state["exp_avg_sq"], dtype, "exp_avg_sq", True)
-        _C.adamw(grad.tiles, p.tiles, state["exp_avg"].tiles, state["exp_avg_sq"].tiles, lr, beta1, beta2, eps, wd,
-                 step, fresh, seed)
-        if _evict_updated_first():
-            state["exp_avg"].tiles.wont_use()
-            state["exp_avg_sq"].tiles.wont_use()
+        else:
+            known = self._tiled_states.get(p)
+            if known is None or known[0] is not state["exp_avg"] or known[1] is not state["exp_avg_sq"]:
+                # states loaded from a state_dict arrive dense (and in the type they were saved in)
+                state["exp_avg"] = _tiles_like(p, state["exp_avg"], dtype, "exp_avg", True)
+                state["exp_avg_sq"] = _tiles_like(p, state["exp_avg_sq"], dtype, "exp_avg_sq", True)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        self._tiled_states[p] = (m, v)
+        _C.adamw(grad, p._tiles, m._tiles, v._tiles, lr, beta1, beta2, eps, wd, step, fresh, self._seeds[p])
+        if self._evict_first:
+            m.tiles.wont_use()
+            v.tiles.wont_use()
             if getattr(p, "_bf16_cache", None) is not None:
                 # The next forward's bf16 copy, made now from the weight just written (the same values as later):
                 # the fp32 weight is then read only by the next update, in this same order, so it goes first too.
@@ -205,6 +226,10 @@ class AdamW(torch.optim.Optimizer):
         v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         denom = (v.sqrt() / (1 - beta2 ** step) ** 0.5).add_(eps)
         p.addcdiv_(m, denom, value=-lr / (1 - beta1 ** step))
+
+    def load_state_dict(self, state_dict):
+        self._tiled_states.clear()  # the states it held go with the old state (their tiles are freed now)
+        super().load_state_dict(state_dict)
 
     def state_dict(self):
         sd = super().state_dict()
