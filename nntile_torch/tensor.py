@@ -25,6 +25,8 @@ _TILE_DTYPES = {v: k for k, v in _DTYPES.items()}
 
 def _full_device(device):
     """torch.device with an index for CUDA (autograd's engine needs one to pick its device queue)."""
+    if type(device) is torch.device and (device.index is not None or device.type != "cuda"):
+        return device  # the common case (every new TileTensor asks), without building a new torch.device
     device = torch.device(device if device is not None else "cpu")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
