@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (through the device tool): installs the StarPU prefix carried in .carry/starpu, builds
 # the extension against the machine's torch, then runs what is asked: tests, gputests, nodes (memory as StarPU sees
-# it), gemm, linear, ab (benchmarks), train (main job), mlp, profile, multigpu, bench (the harness, plans in BENCH_ARGS).
+# it), gemm, submission, linear, ab (benchmarks), train (main job), mlp, profile, multigpu, bench (the harness,
+# plans in BENCH_ARGS).
 # Logs go to $OUT.
 #   bash scripts/h200.sh tests gemm
 # Prepare the carry here first: bash scripts/prepare_carry.sh
@@ -80,6 +81,8 @@ for step in "$@"; do
         python3 -c "import nntile_torch as nt; nt.init(); [print(n) for n in nt.info()['memory_nodes']]"
       } 2>&1 | tee "$OUT/nodes.log"; rc=${PIPESTATUS[0]} ;;
     gemm) python3 -m benchmarks.gemm --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | tail -30; rc=${PIPESTATUS[0]} ;;
+    submission)  # the submitting thread's time per step of a 48-layer GPT-2 (kernels trivial): this machine's CPU
+      python3 -m benchmarks.submission --out "$OUT/submission.json" 2>&1 | tail -1; rc=${PIPESTATUS[0]} ;;
     linear) for prec in bf16 tf32; do
               python3 -m benchmarks.linear --precision $prec --out "$OUT/linear_$prec.json" 2>&1 | tee -a "$OUT/linear.log" | tail -3
             done; rc=${PIPESTATUS[0]} ;;

@@ -28,6 +28,14 @@ def test_linear_benchmark(tmp_path):
     assert d["nntile_s"] > 0 and d["torch_s"] > 0
 
 
+def test_submission_benchmark(tmp_path):
+    run("benchmarks.submission", "--layers", "2", "--width", "16", "--steps", "3", "--out", "s.json",
+        tmp_path=tmp_path)
+    d = json.loads((tmp_path / "s.json").read_text())
+    assert d["params"] == 2 * 12 + 4 and d["tasks_per_step"] > 0  # 12 per block, embeddings, final norm
+    assert d["forward_backward_s"] > 0 and d["optimizer_step_s"] > 0 and d["us_per_task"] > 0
+
+
 def test_mlp_example(tmp_path):
     out = run("nntile_torch.examples.mlp", "--steps", "5", "--width", "64", "--device", "cpu", "--out", "run",
               tmp_path=tmp_path)

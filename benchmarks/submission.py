@@ -1,0 +1,86 @@
+"""How long the submitting thread takes per training step of a converted GPT-2, apart from the kernels.
+
+A deep, narrow GPT-2 (by default 48 layers as GPT-2 XL, so the same 580 parameters and the same number of tasks per
+step, but width 64) makes every kernel trivial; with the submission window off (nothing waits for execution) the
+time until forward + backward return, and until the optimizer's step returns, is the cost of turning a step into
+tasks: Python, autograd, the Function wrappers and StarPU's submission. On a GPU that cost has to stay below the
+kernels' time, or the GPU waits (the optimizer's step, hundreds of small updates, is where it shows first).
+
+    python -m benchmarks.submission --layers 48 --steps 12 --out submission.json
+"""
+import argparse
+import json
+import platform
+import statistics
+import time
+
+import torch
+
+import nntile_torch as nt
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=48, help="GPT-2 blocks (default 48, as GPT-2 XL)")
+    ap.add_argument("--width", type=int, default=64, help="hidden size (default 64: trivial kernels)")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=12, help="steps; the first 2 are warm-up (default 12)")
+    ap.add_argument("--step-in-backward", action="store_true",
+                    help="AdamW(step_in_backward=True): the updates are submitted inside backward and counted there")
+    ap.add_argument("--out", help="JSON file for the figures")
+    args = ap.parse_args(argv)
+    if args.layers < 1 or args.width < 2 or args.width % 2 or args.steps < 3:
+        ap.error("--layers >= 1, an even --width >= 2 and --steps >= 3 are needed")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import transformers
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=args.layers, n_embd=args.width, n_head=2, vocab_size=256,
+                                  n_positions=args.seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    nt.init(ncpus=1, ncuda=0, max_submitted_tasks=0)  # one CPU worker; submission never waits
+    model = nt.convert(transformers.GPT2LMHeadModel(cfg), batch_tile_size=args.batch * args.seq)
+    opt = nt.optim.AdamW(model.parameters(), lr=1e-3, step_in_backward=args.step_in_backward)
+    ids = torch.randint(0, 256, (args.batch, args.seq))
+    fwd_bwd, step, tasks = [], [], []
+    for _ in range(args.steps):
+        nt.synchronize()
+        n0 = nt.stats()["tasks_submitted"]
+        t0 = time.perf_counter()
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        t1 = time.perf_counter()
+        nt.synchronize()  # the optimizer's submission is timed alone
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        del loss
+        nt.synchronize()
+        fwd_bwd.append(t1 - t0)
+        step.append(t3 - t2)
+        tasks.append(nt.stats()["tasks_submitted"] - n0)
+    nparams = sum(len(g["params"]) for g in opt.param_groups)
+    res = {"layers": args.layers, "width": args.width, "params": nparams, "tasks_per_step": tasks[-1],
+           "step_in_backward": args.step_in_backward,
+           "forward_backward_s": statistics.median(fwd_bwd[2:]), "optimizer_step_s": statistics.median(step[2:]),
+           "cpu": platform.processor() or platform.machine(),
+           "torch": torch.__version__}
+    res["us_per_task"] = (res["forward_backward_s"] + res["optimizer_step_s"]) / max(res["tasks_per_step"], 1) * 1e6
+    res["optimizer_us_per_param"] = res["optimizer_step_s"] / nparams * 1e6
+    print(f"{args.layers} layers, {nparams} parameters, {res['tasks_per_step']} tasks per step: forward+backward "
+          f"{res['forward_backward_s'] * 1e3:.1f} ms, optimizer step {res['optimizer_step_s'] * 1e3:.1f} ms "
+          f"({res['optimizer_us_per_param']:.1f} us per parameter; {res['us_per_task']:.1f} us per task overall), "
+          f"median of {args.steps - 2} steps")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    nt.shutdown()
+    return res
+
+
+if __name__ == "__main__":
+    main()
