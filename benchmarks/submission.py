@@ -5,6 +5,9 @@ step, but width 64) makes every kernel trivial; with the submission window off (
 time until forward + backward return, and until the optimizer's step returns, is the cost of turning a step into
 tasks: Python, autograd, the Function wrappers and StarPU's submission. On a GPU that cost has to stay below the
 kernels' time, or the GPU waits (the optimizer's step, hundreds of small updates, is where it shows first).
+Beside it, the same segments of torch eager (torch.optim.AdamW's default implementation) on the same model and
+batches: on a GPU, where its kernels run asynchronously, that is the time its Python and launches take; on a CPU it
+includes torch's kernels, so it is only an upper bound there.
 
     python -m benchmarks.submission --layers 48 --steps 12 --out submission.json
 """
@@ -35,46 +38,59 @@ def parse_args(argv=None):
     return args
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    import transformers
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=args.layers, n_embd=args.width, n_head=2, vocab_size=256,
-                                  n_positions=args.seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    nt.init(ncpus=1, ncuda=0, max_submitted_tasks=0)  # one CPU worker; submission never waits
-    model = nt.convert(transformers.GPT2LMHeadModel(cfg), batch_tile_size=args.batch * args.seq)
-    opt = nt.optim.AdamW(model.parameters(), lr=1e-3, step_in_backward=args.step_in_backward)
-    ids = torch.randint(0, 256, (args.batch, args.seq))
+def timed_steps(model, opt, ids, steps, sync):
+    """Per step: seconds until forward + backward return, and until the optimizer's step returns (each started
+    with nothing pending), and the tasks submitted (0 for torch)."""
     fwd_bwd, step, tasks = [], [], []
-    for _ in range(args.steps):
-        nt.synchronize()
+    for _ in range(steps):
+        sync()
         n0 = nt.stats()["tasks_submitted"]
         t0 = time.perf_counter()
         loss = model(ids, labels=ids).loss
         loss.backward()
         t1 = time.perf_counter()
-        nt.synchronize()  # the optimizer's submission is timed alone
+        sync()  # the optimizer's step is timed alone
         t2 = time.perf_counter()
         opt.step()
         t3 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         del loss
-        nt.synchronize()
+        sync()
         fwd_bwd.append(t1 - t0)
         step.append(t3 - t2)
         tasks.append(nt.stats()["tasks_submitted"] - n0)
+    return statistics.median(fwd_bwd[2:]), statistics.median(step[2:]), tasks[-1]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import transformers
+    cfg = transformers.GPT2Config(n_layer=args.layers, n_embd=args.width, n_head=2, vocab_size=256,
+                                  n_positions=args.seq, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    ids = torch.randint(0, 256, (args.batch, args.seq), generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ref = transformers.GPT2LMHeadModel(cfg).to(device)
+    torch_fb, torch_step, _ = timed_steps(ref, torch.optim.AdamW(ref.parameters(), lr=1e-3), ids.to(device),
+                                          args.steps, torch.cuda.synchronize if device == "cuda" else lambda: None)
+    nt.init(ncpus=1, ncuda=0, max_submitted_tasks=0)  # one CPU worker; submission never waits
+    torch.manual_seed(0)
+    model = nt.convert(transformers.GPT2LMHeadModel(cfg), batch_tile_size=args.batch * args.seq)
+    opt = nt.optim.AdamW(model.parameters(), lr=1e-3, step_in_backward=args.step_in_backward)
+    fb, st, tasks = timed_steps(model, opt, ids, args.steps, nt.synchronize)
     nparams = sum(len(g["params"]) for g in opt.param_groups)
-    res = {"layers": args.layers, "width": args.width, "params": nparams, "tasks_per_step": tasks[-1],
-           "step_in_backward": args.step_in_backward,
-           "forward_backward_s": statistics.median(fwd_bwd[2:]), "optimizer_step_s": statistics.median(step[2:]),
-           "cpu": platform.processor() or platform.machine(),
-           "torch": torch.__version__}
+    res = {"layers": args.layers, "width": args.width, "params": nparams, "tasks_per_step": tasks,
+           "step_in_backward": args.step_in_backward, "forward_backward_s": fb, "optimizer_step_s": st,
+           "torch_forward_backward_s": torch_fb, "torch_optimizer_step_s": torch_step, "torch_device": device,
+           "cpu": platform.processor() or platform.machine(), "torch": torch.__version__}
     res["us_per_task"] = (res["forward_backward_s"] + res["optimizer_step_s"]) / max(res["tasks_per_step"], 1) * 1e6
     res["optimizer_us_per_param"] = res["optimizer_step_s"] / nparams * 1e6
     print(f"{args.layers} layers, {nparams} parameters, {res['tasks_per_step']} tasks per step: forward+backward "
           f"{res['forward_backward_s'] * 1e3:.1f} ms, optimizer step {res['optimizer_step_s'] * 1e3:.1f} ms "
-          f"({res['optimizer_us_per_param']:.1f} us per parameter; {res['us_per_task']:.1f} us per task overall), "
-          f"median of {args.steps - 2} steps")
+          f"({res['optimizer_us_per_param']:.1f} us per parameter; {res['us_per_task']:.1f} us per task overall); "
+          f"torch eager on {device}{' (kernels included)' if device == 'cpu' else ''}: forward+backward "
+          f"{torch_fb * 1e3:.1f} ms, optimizer step "
+          f"{torch_step * 1e3:.1f} ms; medians of {args.steps - 2} steps")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(res, f, indent=1)

@@ -34,6 +34,7 @@ def test_submission_benchmark(tmp_path):
     d = json.loads((tmp_path / "s.json").read_text())
     assert d["params"] == 2 * 12 + 4 and d["tasks_per_step"] > 0  # 12 per block, embeddings, final norm
     assert d["forward_backward_s"] > 0 and d["optimizer_step_s"] > 0 and d["us_per_task"] > 0
+    assert d["torch_forward_backward_s"] > 0 and d["torch_optimizer_step_s"] > 0
 
 
 def test_mlp_example(tmp_path):
