@@ -268,6 +268,7 @@ std::string stall_advice(const std::vector<NodeTiles> &nodes, bool has_disk, int
     for (const auto *n : full) all_sole = all_sole && n->sole * 5 > n->total * 3;
     int limited = 0;
     for (const auto &n : nodes) limited += n.total > 0;
+    const bool no_room = all_sole && (int)full.size() == limited;  // every limited node full of only copies
     os << "At their limit: ";
     for (size_t i = 0; i < full.size(); ++i) os << (i ? ", " : "") << full[i]->name;
     os << ".";
@@ -280,14 +281,14 @@ std::string stall_advice(const std::vector<NodeTiles> &nodes, bool has_disk, int
         else
             os << "1000), now none).";
     }
-    if (all_sole && (int)full.size() == limited) {
+    if (no_room) {
         os << " Every limited node is full of the only valid copies of live tiles: the step's data does not fit "
               "with room to move it. ";
         if (!has_disk) os << "Add a disk node (init(disk_path=..., disk_limit=...)) or make";
         else os << "Make";
         os << " it smaller: a smaller batch, AdamW(state_dtype=torch.bfloat16), activation checkpointing.";
     }
-    if (outside.empty() && !(all_sole && (int)full.size() == limited))
+    if (outside.empty() && !no_room)
         os << " StarPU 1.3.10 fails to evict there (docs/DESIGN.md, 'Runtime and memory'): use a smaller batch, a "
               "smaller submission window (init(max_submitted_tasks=...)), AdamW(state_dtype=torch.bfloat16) or more "
               "GPUs.";

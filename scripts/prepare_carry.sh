@@ -16,11 +16,11 @@ hw=$(ldconfig -p | awk '/libhwloc.so.15 /{print $NF; exit}')
 cp -L "$hw" .carry/starpu/lib/libhwloc.so.15 && ln -sf libhwloc.so.15 .carry/starpu/lib/libhwloc.so
 if [ $# -ge 1 ]; then rm -rf .carry/starpu_home && mkdir -p .carry/starpu_home && tar xzf "$1" -C .carry/starpu_home; fi
 if [ $# -ge 2 ] && [ -d "$2" ]; then mkdir -p .carry/prebuilt && cp -r "$2"/. .carry/prebuilt/; fi
-# The commit the GPU machine's copy comes from (it has no .git), for the harness's records (benchmarks/run.py).
-if git rev-parse --short=7 HEAD >/dev/null 2>&1; then
-  echo "$(git rev-parse --short=7 HEAD)$([ -n "$(git status --porcelain --untracked-files=no)" ] && echo +changes)" \
-    >.carry/code_commit
-fi
+# The commit the GPU machine's copy comes from (it has no .git), for the harness's records: benchmarks/run.py's
+# own reading of it, written where that function looks when git is not there.
+rm -f .carry/code_commit
+commit=$(python3 -c "from benchmarks.run import code_commit; print(code_commit() or '')")
+[ -n "$commit" ] && echo "$commit" >.carry/code_commit
 rm -rf .carry/aio && mkdir -p .carry/aio/include .carry/aio/lib
 tmp=$(mktemp -d)
 if (cd "$tmp" && apt-get download libaio-dev >/dev/null 2>&1 \
