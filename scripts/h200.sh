@@ -106,6 +106,10 @@ for step in "$@"; do
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
           .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
       fi
+      # DeepSpeed's JIT builder parses each TORCH_CUDA_ARCH_LIST entry as numbers and fails on an arch-specific one
+      # such as 9.0a ("invalid literal for int() with base 10: '0a'", seen on the H200): give it the plain arch
+      [ -n "${TORCH_CUDA_ARCH_LIST:-}" ] && echo "TORCH_CUDA_ARCH_LIST was '$TORCH_CUDA_ARCH_LIST'" \
+        && export TORCH_CUDA_ARCH_LIST=$(sed -E 's/([0-9])a/\1/g' <<< "$TORCH_CUDA_ARCH_LIST")
       if [ -d .carry/aio ] && [ ! -f /usr/include/libaio.h ]; then  # libaio for DeepSpeed's async_io (nvme variant)
         aio=$PWD/.carry/aio
         export CFLAGS="-I$aio/include ${CFLAGS:-}" LDFLAGS="-L$aio/lib ${LDFLAGS:-}" CPATH=$aio/include${CPATH:+:$CPATH}

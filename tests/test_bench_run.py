@@ -228,3 +228,33 @@ def test_code_commit_from_git_or_from_the_carried_file(tmp_path):
     (tmp_path / ".carry").mkdir()
     (tmp_path / ".carry" / "code_commit").write_text("abc1234+changes\n")
     assert code_commit(str(tmp_path)) == "abc1234+changes"
+
+
+def test_nvme_param_swap_buffers_hold_every_parameter():
+    """DeepSpeed's NVMe parameter swap failed on the H200 with its defaults: buffers smaller than the 2.7B token
+    embedding, and all of them taken by 1e9 live parameters. The settings hold the largest parameter of each
+    config, and the most swapped parameters that fit in the live plus prefetched count (consecutive ones, as
+    the blocks run) fit in the buffers with the two embeddings."""
+    import torch
+    import transformers
+    from benchmarks.configs import hf_config
+    from benchmarks.worker import nvme_param_swap
+    for name in ("tiny", "xl", "2.7b", "6.7b", "13b"):
+        swap = nvme_param_swap(name, 1024)
+        op, zero = swap["offload_param"], swap["zero"]
+        with torch.device("meta"):
+            model = transformers.GPT2LMHeadModel(hf_config(name, 1024))
+        swapped = [p.numel() for n, p in model.named_parameters()
+                   if ".h." in n and p.numel() > zero["stage3_param_persistence_threshold"]]
+        assert max(p.numel() for p in model.parameters()) <= op["buffer_size"], name
+        limit = zero["stage3_max_live_parameters"] + zero["stage3_prefetch_bucket_size"]
+        most = 0
+        for i in range(len(swapped)):
+            total, n = 0, 0
+            for k in swapped[i:]:
+                if total + k > limit:
+                    break
+                total, n = total + k, n + 1
+            most = max(most, n)
+        assert 8 <= most and most + 1 + 2 <= op["buffer_count"], (name, most)
+    assert nvme_param_swap("2.7b", 1024)["offload_param"]["buffer_size"] == 50257 * 2560
