@@ -317,11 +317,12 @@ def nvme_param_swap(name, seq, buffer_count=24):
 
     Each parameter read back from NVMe takes one pinned buffer of `buffer_size` elements until it is released, and
     there are `buffer_count` of them: DeepSpeed's 1e8 elements is smaller than the 2.7B token embedding (128.7M:
-    "More elements ... than buffer size"), and with its 1e9 live parameters and 5e8 prefetched every buffer was
-    taken within the first blocks ("Not enough buffers 0 for swapping 1"). So: buffers as large as the largest
-    parameter, and live plus prefetched parameters limited to about three blocks (each block's four weight
+    "More elements ... than buffer size"), and with its 1e9 live parameters, 5e8 prefetched and parameters kept
+    when reused within 1e9 (the last blocks of the forward are reused by the backward), every buffer was taken
+    ("Not enough buffers 0 for swapping 1"; DeepSpeed issue 3062). So: buffers as large as the largest
+    parameter, and live, prefetched and kept-for-reuse parameters limited to about four blocks (each block's four weight
     matrices, 12h^2 elements, are the swapped ones; biases and norms under the persistence threshold of 10h stay
-    on the GPU), i.e. about 12 matrices, with the embeddings, in 24 buffers. Pinned host memory: 2 bytes x
+    on the GPU), i.e. about 16 matrices, with the embeddings, in 24 buffers. Pinned host memory: 2 bytes x
     buffer_count x buffer_size (XL 4.8 GB, 6.7B 9.9 GB)."""
     from benchmarks.configs import CONFIGS, positions
     s = CONFIGS[name]
@@ -331,7 +332,7 @@ def nvme_param_swap(name, seq, buffer_count=24):
     return {"offload_param": {"buffer_count": buffer_count, "buffer_size": max(int(1e8), largest),
                               "max_in_cpu": int(1e9)},
             "zero": {"stage3_max_live_parameters": 2 * block, "stage3_prefetch_bucket_size": block,
-                     "stage3_param_persistence_threshold": 10 * h}}
+                     "stage3_max_reuse_distance": block, "stage3_param_persistence_threshold": 10 * h}}
 
 
 def setup_deepspeed(spec, cuda, rank, world):

@@ -247,7 +247,8 @@ def test_nvme_param_swap_buffers_hold_every_parameter():
         swapped = [p.numel() for n, p in model.named_parameters()
                    if ".h." in n and p.numel() > zero["stage3_param_persistence_threshold"]]
         assert max(p.numel() for p in model.parameters()) <= op["buffer_size"], name
-        limit = zero["stage3_max_live_parameters"] + zero["stage3_prefetch_bucket_size"]
+        limit = (zero["stage3_max_live_parameters"] + zero["stage3_prefetch_bucket_size"]
+                 + zero["stage3_max_reuse_distance"])
         most = 0
         for i in range(len(swapped)):
             total, n = 0, 0
