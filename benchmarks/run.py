@@ -254,9 +254,12 @@ def signal_reason(rc):
 
 
 def code_commit(root=ROOT):
-    """The commit of the code under test, for the records: git's HEAD in a checkout (with "+changes" when tracked
-    files differ from it), else the text of .carry/code_commit (scripts/prepare_carry.sh writes it there for the GPU
-    machine, whose copy of the tree has no .git), else None."""
+    """The commit of the code under test, for the records: $BENCH_CODE_COMMIT when set (scripts/h200.sh sets it
+    from .carry/code_commit, which scripts/prepare_carry.sh writes: the GPU machine's copy of the tree may hold a
+    .git of an older commit, whose HEAD "+changes" is what it read there on 12-01), else git's HEAD in a checkout
+    (with "+changes" when tracked files differ from it), else the text of .carry/code_commit, else None."""
+    if os.environ.get("BENCH_CODE_COMMIT"):
+        return os.environ["BENCH_CODE_COMMIT"].strip()
     try:
         git = ["git", "-C", root]
         head = subprocess.run([*git, "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True, timeout=20,
@@ -466,7 +469,8 @@ def parse_args(argv=None):
     g.add_argument("--cuda-memory-limit", help="StarPU's share of each GPU, e.g. 120GiB")
     g.add_argument("--host-memory-limit", help="StarPU's share of host RAM, e.g. 100GiB (default: with GPUs, "
                    "the RAM less max(16 GiB, 1/8); on CPUs alone, no limit)")
-    g.add_argument("--disk-path", help="folder for a StarPU disk node")
+    g.add_argument("--disk-path", help="folder for a StarPU disk node (made when missing; --disk-limit must fit "
+                   "in its free space)")
     g.add_argument("--disk-limit", help="size of the disk node, e.g. 500GiB")
     g.add_argument("--scheduler", help="StarPU scheduler (default dmdas with GPUs, lws on CPUs)")
     g.add_argument("--max-submitted-tasks", type=int,

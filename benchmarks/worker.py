@@ -184,6 +184,8 @@ def setup_nntile(spec, cuda, rank, world):
     ncpus = o["ncpus"]
     if ncpus is None and cuda and "offload" in spec["flags"]:  # the offloaded updates need CPU workers
         ncpus = nt.config.cpu_workers_beside_gpus()
+    if o["disk_path"]:  # the harness's folder to make (the library asks for an existing one)
+        os.makedirs(o["disk_path"], exist_ok=True)
     nt.init(ncpus=ncpus, ncuda=o["ncuda"] if cuda else 0, cuda_memory_limit=o["cuda_memory_limit"],
             host_memory_limit=o["host_memory_limit"], disk_path=o["disk_path"], disk_limit=o["disk_limit"],
             scheduler=o["scheduler"], max_submitted_tasks=o.get("max_submitted_tasks"))

@@ -3,6 +3,7 @@ import atexit
 import contextlib
 import os
 import re
+import shutil
 
 import torch
 
@@ -73,6 +74,11 @@ def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, di
                          f"{disk_path!r}, disk_limit={disk_limit!r})")
     if args["disk_path"] is not None and not os.path.isdir(args["disk_path"]):
         raise ValueError(f"disk_path must be an existing directory (got {disk_path!r})")
+    if args["disk_path"] is not None:
+        free = shutil.disk_usage(args["disk_path"]).free
+        if args["disk_limit"] > free:  # StarPU would write tiles there until the disk is full
+            raise ValueError(f"disk_limit {args['disk_limit'] / 2**30:.1f} GiB is more than the "
+                             f"{free / 2**30:.1f} GiB free in {disk_path!r}")
     if args["ncpus"] == 0 and args["ncuda"] == 0:
         raise ValueError("at least one worker is needed (got ncpus=0 and ncuda=0)")
     if args["ncuda"] > 0 and not _C.built_with_cuda:

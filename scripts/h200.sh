@@ -15,6 +15,8 @@ if [ -d .carry/starpu ] && [ ! -f "$prefix/.nntile_build" ]; then
 fi
 export LD_LIBRARY_PATH=$prefix/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export STARPU_HOME=$PWD/.starpu_home PYTHONUNBUFFERED=1
+# the commit the records name (this copy of the tree may carry a .git of an older commit): benchmarks/run.py
+[ -f .carry/code_commit ] && export BENCH_CODE_COMMIT=$(cat .carry/code_commit)
 mkdir -p "$STARPU_HOME"
 [ -d .carry/starpu_home ] && cp -a .carry/starpu_home/. "$STARPU_HOME/"
 t0=$(date +%s)

@@ -218,7 +218,8 @@ def test_a_slow_nntile_step_reports_its_memory_nodes_in_the_log(capsys):
     assert log_progress(out)["memory_nodes"] == "NUMA 0: 2.0 of 2.0 GiB used"
 
 
-def test_code_commit_from_git_or_from_the_carried_file(tmp_path):
+def test_code_commit_from_git_or_from_the_carried_file(tmp_path, monkeypatch):
+    monkeypatch.delenv("BENCH_CODE_COMMIT", raising=False)
     git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=7", "HEAD"], capture_output=True, text=True,
                          check=False)
     if git.returncode == 0:  # a checkout (CI clones one): HEAD, marked when tracked files differ
@@ -228,6 +229,8 @@ def test_code_commit_from_git_or_from_the_carried_file(tmp_path):
     (tmp_path / ".carry").mkdir()
     (tmp_path / ".carry" / "code_commit").write_text("abc1234+changes\n")
     assert code_commit(str(tmp_path)) == "abc1234+changes"
+    monkeypatch.setenv("BENCH_CODE_COMMIT", "def5678")  # scripts/h200.sh's, which wins over a stale .git
+    assert code_commit(str(tmp_path)) == code_commit() == "def5678"
 
 
 def test_nvme_param_swap_buffers_hold_every_parameter():

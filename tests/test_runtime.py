@@ -1,6 +1,7 @@
 """Runtime: info(), stats(), argument checks, restart with data kept."""
 import os
 import re
+import shutil
 import threading
 import time
 
@@ -88,6 +89,12 @@ def test_parse_bytes():
 def test_bad_init_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         nt.init(**kwargs)
+
+
+def test_disk_limit_beyond_the_free_space_raises(tmp_path):
+    free = shutil.disk_usage(tmp_path).free
+    with pytest.raises(ValueError, match=r"disk_limit .* GiB is more than the .* GiB free in"):
+        nt.init(disk_path=str(tmp_path), disk_limit=free + 2**30)
 
 
 def test_second_init_with_other_arguments_raises():
