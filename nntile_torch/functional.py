@@ -7,7 +7,7 @@ import torch
 
 from . import _C
 from .runtime import host_tasks
-from .tensor import _TILE_DTYPES, TileTensor
+from .tensor import _TILE_DTYPES, TileTensor, without_torch_function
 
 
 def frees_saved(backward):
@@ -101,6 +101,7 @@ class LinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
+    @without_torch_function
     def forward(ctx, x, weight, bias, batch_tile, precision, w_in_out=False):
         wt = weight.tiles
         k_dim, n_dim = (0, 1) if w_in_out else (1, 0)
@@ -121,6 +122,7 @@ class LinearFunction(torch.autograd.Function):
         return TileTensor(y, (*x.shape[:-1], n), x.device)
 
     @staticmethod
+    @without_torch_function
     @frees_saved
     def backward(ctx, dy):
         (x2,), wt, wc, mode, io = kept(ctx), ctx.wt, ctx.wc, ctx.mode, ctx.w_in_out
@@ -151,6 +153,7 @@ class GeluFunction(torch.autograd.Function):
     tiles; a dense x (..., N) is tiled as the matrix (prod(...), N) in tiles (batch_tile, tile)."""
 
     @staticmethod
+    @without_torch_function
     def forward(ctx, x, approximate, batch_tile, tile):
         xt = x.tiles if isinstance(x, TileTensor) else as_matrix_tiles(x, batch_tile, tile)
         y = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "gelu.y")
@@ -160,6 +163,7 @@ class GeluFunction(torch.autograd.Function):
         return TileTensor(y, x.shape, x.device)
 
     @staticmethod
+    @without_torch_function
     @frees_saved
     def backward(ctx, dy):
         (xt,) = kept(ctx)
@@ -173,6 +177,7 @@ class DropoutFunction(torch.autograd.Function):
     CPU and GPU, never stored); the backward is the same op on dy. Tiling as GeluFunction."""
 
     @staticmethod
+    @without_torch_function
     def forward(ctx, x, p, seed, batch_tile, tile):
         xt = x.tiles if isinstance(x, TileTensor) else as_matrix_tiles(x, batch_tile, tile)
         y = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "dropout.y")
@@ -182,6 +187,7 @@ class DropoutFunction(torch.autograd.Function):
         return TileTensor(y, x.shape, x.device)
 
     @staticmethod
+    @without_torch_function
     @frees_saved
     def backward(ctx, dy):
         shape, tile_shape = ctx.tiling
@@ -196,6 +202,7 @@ class LayerNormFunction(torch.autograd.Function):
     it is (its row tile wins); any other x is copied into such tiles."""
 
     @staticmethod
+    @without_torch_function
     def forward(ctx, x, weight, bias, eps, batch_tile):
         c = x.shape[-1]
         if isinstance(x, TileTensor) and len(x.tiles.shape) == 2 and x.tiles.grid[1] == 1:
@@ -212,6 +219,7 @@ class LayerNormFunction(torch.autograd.Function):
         return TileTensor(y, x.shape, x.device)
 
     @staticmethod
+    @without_torch_function
     @frees_saved
     def backward(ctx, dy):
         (xt, mean, rstd), wt = kept(ctx), ctx.wt
@@ -230,6 +238,7 @@ class CausalAttentionFunction(torch.autograd.Function):
     computes in bfloat16, as torch's attention under bf16 autocast (tiles stay float32)."""
 
     @staticmethod
+    @without_torch_function
     def forward(ctx, qkv, nheads, scale, bf16=False):
         t = qkv.tiles
         b, seq, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
@@ -241,6 +250,7 @@ class CausalAttentionFunction(torch.autograd.Function):
         return TileTensor(y, (b, seq, c), qkv.device)
 
     @staticmethod
+    @without_torch_function
     @frees_saved
     def backward(ctx, dy):
         t, y = kept(ctx)
@@ -260,6 +270,7 @@ class EmbeddingFunction(torch.autograd.Function):
     (..., C) tiled (batch_tile, C) over the flattened ids. One task per (id tile, vocabulary tile)."""
 
     @staticmethod
+    @without_torch_function
     def forward(ctx, ids, weight, batch_tile):
         wt = weight.tiles
         m, c = ids.numel(), wt.shape[1]
@@ -272,6 +283,7 @@ class EmbeddingFunction(torch.autograd.Function):
         return TileTensor(out, (*ids.shape, c), ids.device)
 
     @staticmethod
+    @without_torch_function
     @frees_saved
     def backward(ctx, dy):
         wt = ctx.wt
@@ -291,6 +303,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     backward recomputes softmax from the stats, one task per logits tile."""
 
     @staticmethod
+    @without_torch_function
     def forward(ctx, logits, labels, mean):
         lt = logits.tiles
         m = lt.shape[0]
@@ -305,6 +318,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         return TileTensor(loss, (), logits.device)
 
     @staticmethod
+    @without_torch_function
     @frees_saved
     def backward(ctx, gout):
         (lab, lt, stats, acc, loss), mean, device = kept(ctx), ctx.mean, ctx.device

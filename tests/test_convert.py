@@ -150,6 +150,37 @@ def test_host_waits_per_step_do_not_grow_with_depth(device):
     assert waits == [0, 0], waits
 
 
+def test_python_torch_function_calls_per_step_do_not_grow_with_depth(device, monkeypatch):
+    """TileTensor.__torch_function__ is a call into Python (~5 us) for every .shape, .dim(), .grad ... of a
+    TileTensor; nntile's modules, Functions and AdamW skip it (without_torch_function), so a step of a converted
+    GPT-2 makes only those of the model's own code: its two residual adds per block, a constant for the rest. Before,
+    ~150 per block (a 48-layer step: ~7.6k, ~40 ms of submission on a 2-core machine)."""
+    from nntile_torch.tensor import TileTensor
+    calls = []
+    original = TileTensor.__torch_function__.__func__
+
+    def counting(cls, func, types, args=(), kwargs=None):
+        calls.append(getattr(func, "__name__", str(func)))
+        return original(cls, func, types, args, kwargs)
+
+    per_step = []
+    for layers in (1, 4):
+        model = nt.convert(gpt2(device, n_layer=layers), tile_size=384, batch_tile_size=37)
+        opt = nt.optim.AdamW(model.parameters(), lr=1e-3)
+        ids = torch.randint(0, 1000, (3, 37), device=device)
+        for step in range(2):
+            if step == 1:
+                calls.clear()
+                monkeypatch.setattr(TileTensor, "__torch_function__", classmethod(counting))
+            model(ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+        monkeypatch.undo()
+        per_step.append(len(calls))
+    assert per_step[1] - per_step[0] <= 3 * 3, per_step  # at most 3 per added block (its 2 residual adds)
+    assert per_step[0] <= 40, (per_step, calls)
+
+
 def test_backward_frees_what_forward_kept(device):
     """With the loss still held (the usual loop keeps it until the next forward has run), backward has freed
     every tile its forward kept: what is left is the gradients. A second backward through the graph raises."""

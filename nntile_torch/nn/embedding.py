@@ -5,7 +5,7 @@ from torch import nn
 from .. import config
 from ..functional import EmbeddingFunction
 from ..runtime import ensure_init
-from ..tensor import TileTensor
+from ..tensor import TileTensor, without_torch_function
 from . import _init
 
 
@@ -56,6 +56,7 @@ class Embedding(nn.Module):
         with torch.no_grad():
             self.weight.copy_(torch.randn(self.num_embeddings, self.embedding_dim))
 
+    @without_torch_function
     def forward(self, ids):
         check_indices(ids, self.num_embeddings, "Embedding")
         ensure_init()

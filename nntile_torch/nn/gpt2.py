@@ -6,6 +6,7 @@ import types
 import torch.nn.functional as F
 
 from ..functional import CausalAttentionFunction, attention_tiles_ok
+from ..tensor import without_torch_function
 from .linear import Conv1D
 
 
@@ -32,6 +33,11 @@ def _forward(self, hidden_states, past_key_values=None, attention_mask=None, enc
                                              encoder_hidden_states=encoder_hidden_states,
                                              encoder_attention_mask=encoder_attention_mask,
                                              output_attentions=output_attentions, **kwargs)
+    return _covered_forward(self, hidden_states)
+
+
+@without_torch_function
+def _covered_forward(self, hidden_states):
     qkv = self.c_attn(hidden_states)  # (B, T, 3C)
     if attention_tiles_ok(qkv):
         # The attention kernel runs in the precision of the layer feeding it (bf16 as torch under bf16 autocast).

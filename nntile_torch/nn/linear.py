@@ -8,7 +8,7 @@ from torch import nn
 from .. import config
 from ..functional import LinearFunction
 from ..runtime import ensure_init
-from ..tensor import TileTensor
+from ..tensor import TileTensor, without_torch_function
 from . import _init
 
 
@@ -59,6 +59,7 @@ class Linear(nn.Module):
                 bound = 1 / math.sqrt(self.in_features)
                 self.bias.copy_(torch.empty(self.out_features).uniform_(-bound, bound))
 
+    @without_torch_function
     def forward(self, x):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"Linear expects a torch.Tensor (got {type(x).__name__})")

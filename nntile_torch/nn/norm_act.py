@@ -7,7 +7,7 @@ from torch import nn
 from .. import config
 from ..functional import DropoutFunction, GeluFunction, LayerNormFunction
 from ..runtime import ensure_init
-from ..tensor import TileTensor
+from ..tensor import TileTensor, without_torch_function
 from . import _init
 
 
@@ -56,6 +56,7 @@ class LayerNorm(nn.Module):
             self.weight.copy_(torch.ones(self.normalized_shape))
             self.bias.copy_(torch.zeros(self.normalized_shape))
 
+    @without_torch_function
     def forward(self, x):
         _check_input(x, "LayerNorm")
         if x.shape[-1] != self.normalized_shape[0]:
@@ -84,6 +85,7 @@ class GELU(nn.Module):
         self.tile_size = config.check_tile(tile_size, "tile_size") or config.DEFAULT_TILE_SIZE
         self.batch_tile_size = config.check_tile(batch_tile_size, "batch_tile_size") or config.DEFAULT_BATCH_TILE_SIZE
 
+    @without_torch_function
     def forward(self, x):
         _check_input(x, "GELU")
         ensure_init()
@@ -108,6 +110,7 @@ class Dropout(nn.Module):
         self.tile_size = config.check_tile(tile_size, "tile_size") or config.DEFAULT_TILE_SIZE
         self.batch_tile_size = config.check_tile(batch_tile_size, "batch_tile_size") or config.DEFAULT_BATCH_TILE_SIZE
 
+    @without_torch_function
     def forward(self, x):
         if not self.training or self.p == 0.0:
             return x

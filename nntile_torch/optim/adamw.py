@@ -8,7 +8,7 @@ import warnings
 from .. import _C
 from ..functional import tiles_of, weight_bf16
 from ..runtime import host_tasks, info
-from ..tensor import TileTensor
+from ..tensor import TileTensor, without_torch_function
 
 
 _STATE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -145,6 +145,7 @@ class AdamW(torch.optim.Optimizer):
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._hook(index)))
 
     def _hook(self, index):
+        @without_torch_function
         def update_now(p):
             with torch.no_grad():  # the group looked up now: load_state_dict replaces the group dicts
                 self._update(self.param_groups[index], p)
@@ -157,11 +158,19 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._update_all()
+        return loss
+
+    @without_torch_function  # ~3 .grad reads per parameter, each a Python call otherwise (the closure is the user's)
+    def _update_all(self):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:  # with step_in_backward, only parameters the hooks did not see
                     self._update(group, p)
-        return loss
+
+    @without_torch_function
+    def zero_grad(self, set_to_none=True):
+        super().zero_grad(set_to_none)
 
     def _update(self, group, p):
         # Once per parameter per step on the submitting thread: kept free of torch dispatch where it can be (48
