@@ -174,7 +174,8 @@ class AdamW(torch.optim.Optimizer):
 
     def _update(self, group, p):
         # Once per parameter per step on the submitting thread: kept free of torch dispatch where it can be (48
-        # layers = 580 parameters; the submission of an update took ~85 us here, 2026-12-01, ~39 after).
+        # layers = 580 parameters; the submission of an update took ~85 us here, 2026-12-01, ~39 after, ~23 with
+        # TileTensor.__torch_function__ skipped: benchmarks/submission.py, medians of 6 alternating runs).
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         tiled = type(p) is TileTensor and p._tiles.dtype == "float32"
         if not (tiled and type(p.grad) is TileTensor) and p.grad.is_sparse:  # tiles are never sparse
