@@ -102,3 +102,30 @@ def test_deepcopy_of_a_converted_model_is_independent():
         m[0].weight.add_(1.0)
     assert torch.equal(c[0].weight.materialize() + 1.0, m[0].weight.materialize())
     assert torch.equal(c(x).materialize(), y)  # the copy did not move with the original
+
+
+def test_tiles_read_before_any_write_do_not_abort():
+    """A TileTensor.empty never written, read on the host, by a task, or kept across a runtime restart: StarPU
+    aborted the process there ("handle ... is not initialized while trying to read it"), so this runs in its own
+    process. Host reads now see zeros; a task reading it sees undefined values (torch.empty's contract)."""
+    import subprocess
+    import sys
+    code = """
+import torch, nntile_torch as nt
+from nntile_torch import _C
+nt.init(ncpus=1, ncuda=0)
+e = nt.TileTensor.empty((5, 7), (2, 3))
+assert torch.equal(e.materialize(), torch.zeros(5, 7)), e.materialize()
+f = nt.TileTensor.empty((4, 6), (4, 4))
+g = _C.TileTensor([4, 6], [4, 4], "float32", "")
+_C.add(1.0, f.tiles, 0.0, g)  # a task reads f's tiles
+assert g.to_dense(None).shape == (4, 6)
+h = nt.TileTensor.empty((3, 3), (2, 2), dtype=torch.bfloat16)  # alive at shutdown, whose values are kept
+nt.shutdown()
+nt.init(ncpus=1, ncuda=0)
+assert torch.equal(h.materialize(), torch.zeros(3, 3, dtype=torch.bfloat16))
+nt.shutdown()
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
