@@ -221,6 +221,8 @@ PYBIND11_MODULE(_C, m) {
     m.def("bias_add", &ops::bias_add, nogil, py::arg("b"), py::arg("y"));
     m.def("bias_grad", &ops::bias_grad, nogil, py::arg("dy"), py::arg("db"), py::arg("beta") = 0.f);
     m.def("add", &ops::add, nogil, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"));
+    m.def("add_into", &ops::add_into, nogil, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"),
+          py::arg("z"));
     m.def("gelu_forward", &ops::gelu_forward, nogil, py::arg("x"), py::arg("y"), py::arg("tanh_approx"));
     m.def("gelu_backward", &ops::gelu_backward, nogil, py::arg("dy"), py::arg("x"), py::arg("dx"),
           py::arg("tanh_approx"));

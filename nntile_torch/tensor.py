@@ -229,8 +229,9 @@ def _add(self, other, alpha=1):
         a, b = _as_tiles_of(other, self), other
     if a is None or b is None:
         return NotImplemented
-    new = _copy_tiles(a)
-    _C.add(float(alpha), b._tiles, 1.0, new)
+    t = a._tiles
+    new = _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, t.name, t.persistent)
+    _C.add_into(1.0, t, float(alpha), b._tiles, new)  # one task per tile (a copy and an add took two)
     return _like(a, new)
 
 

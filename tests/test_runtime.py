@@ -173,9 +173,10 @@ def test_submission_window_from_argument_environment_or_default(monkeypatch):
 
 @pytest.mark.parametrize("window", [8, 0])
 def test_the_window_bounds_the_tasks_pending(window):
-    """With a window of 8 the submitting thread never runs more than 8 tasks (+ those of the op being submitted)
-    ahead of the single worker; without one it runs far ahead (what the window is for), which shows the bound is
-    real."""
+    """With a window of 8 the submitting thread never runs more than 8 + 2 tasks ahead of the single worker
+    (StarPU blocks a submission only when more than 8 are pending, so one gets past; nntile's pending count can
+    lag StarPU's by a task whose end callback has not run yet); without one it runs far ahead (what the window is
+    for), which shows the bound is real."""
     nt.shutdown()
     nt.init(ncpus=1, ncuda=0, max_submitted_tasks=window)
     try:
@@ -192,9 +193,9 @@ def test_the_window_bounds_the_tasks_pending(window):
         nt.shutdown()
     assert 1 <= per_op <= 4, per_op
     if window:
-        assert 1 <= most <= window + per_op, (most, per_op)
+        assert 1 <= most <= window + 2, (most, per_op)
     else:
-        assert most > 8 + per_op, (most, per_op)
+        assert most > 8 + 2, (most, per_op)
 
 
 def test_other_python_threads_run_while_submission_waits():
@@ -275,7 +276,7 @@ def test_stats_count_tasks_and_waits():
     t = nt.TileTensor.from_dense(torch.randn(8, 8), (4, 4))
     u = t + t
     s1 = nt.stats()
-    assert s1["tasks_submitted"] >= s0["tasks_submitted"] + 8
+    assert s1["tasks_submitted"] >= s0["tasks_submitted"] + 4  # one per tile
     u.materialize()
     assert nt.stats()["blocking_waits"] == s1["blocking_waits"] + 1
     u.materialize()  # cached: no new wait

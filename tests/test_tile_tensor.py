@@ -129,3 +129,33 @@ print("ok")
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stdout[-2000:], r.stderr[-3000:])
+
+
+@pytest.mark.parametrize("shape,tile", [((37, 53), (16, 16)), ((5, 3, 7), (2, 3, 4))], ids=["37x53", "5x3x7"])
+@pytest.mark.parametrize("alpha", [1.0, -0.375])
+def test_sum_of_tiled_tensors_is_one_task_per_tile(shape, tile, alpha):
+    """t + alpha * u (residual connections, autograd's sums of gradients) writes fresh tiles in one add_into task
+    per tile, where a copy and an add took two; the operands are left as they were."""
+    x, y = torch.randn(*shape), torch.randn(*shape)
+    t, u = nt.TileTensor.from_dense(x, tile), nt.TileTensor.from_dense(y, tile)
+    before = nt.stats()["tasks_submitted"]
+    s = torch.add(t, u, alpha=alpha)
+    assert nt.stats()["tasks_submitted"] - before == t.tiles.ntiles
+    assert isinstance(s, nt.TileTensor) and list(s.tiles.tile_shape) == list(t.tiles.tile_shape)
+    torch.testing.assert_close(s.materialize(), torch.add(x, y, alpha=alpha))  # float32 rounding (exact at alpha 1)
+    if alpha == 1.0:
+        assert torch.equal(s.materialize(), x + y)
+    assert torch.equal(t.materialize(), x) and torch.equal(u.materialize(), y)
+    d = torch.randn(*shape)  # a dense operand on either side: tiled like the TileTensor, then summed
+    torch.testing.assert_close((d + t).materialize(), d + x, rtol=0, atol=0)
+
+
+def test_add_into_checks_tiling_and_dtype():
+    from nntile_torch import _C
+    a = _C.TileTensor([4, 6], [4, 4], "float32", "")
+    b = _C.TileTensor([4, 6], [2, 4], "float32", "")
+    c = _C.TileTensor([4, 6], [4, 4], "bfloat16", "")
+    with pytest.raises(Exception, match="same shape and tiles"):
+        _C.add_into(1.0, a, 1.0, b, a)
+    with pytest.raises(Exception, match="add_into"):
+        _C.add_into(1.0, a, 1.0, a, c)

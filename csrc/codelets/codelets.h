@@ -17,6 +17,9 @@ void submit_bias_add(int64_t m, int64_t n, starpu_data_handle_t b, starpu_data_h
 void submit_bias_grad(int64_t m, int64_t n, starpu_data_handle_t dy, float beta, starpu_data_handle_t db);
 // y = alpha x + beta y over n values (y only written when beta == 0).
 void submit_add(int64_t n, float alpha, starpu_data_handle_t x, float beta, starpu_data_handle_t y);
+// z = alpha x + beta y over n values (z written only).
+void submit_add_into(int64_t n, float alpha, starpu_data_handle_t x, float beta, starpu_data_handle_t y,
+                     starpu_data_handle_t z);
 
 // dst = src converted to dst_type (float32 <-> bfloat16, round to nearest even), n values.
 void submit_convert(int64_t n, DType src_type, starpu_data_handle_t src, DType dst_type, starpu_data_handle_t dst);

@@ -11,4 +11,8 @@ void add_cpu(int64_t n, float alpha, const float *x, float beta, float *y) {
         for (int64_t i = 0; i < n; ++i) y[i] = alpha * x[i] + beta * y[i];
 }
 
+void add_into_cpu(int64_t n, float alpha, const float *x, float beta, const float *y, float *z) {
+    for (int64_t i = 0; i < n; ++i) z[i] = alpha * x[i] + beta * y[i];
+}
+
 }  // namespace nntile::kernels

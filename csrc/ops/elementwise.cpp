@@ -49,6 +49,18 @@ void add(float alpha, TileTensor &x, float beta, TileTensor &y) {
     y.bump_version();
 }
 
+void add_into(float alpha, TileTensor &x, float beta, TileTensor &y, TileTensor &z) {
+    require_f32(x, "add_into");
+    require_f32(y, "add_into");
+    require_f32(z, "add_into");
+    NNTILE_CHECK(x.same_tiling(z) && y.same_tiling(z), "add_into: tensors must have the same shape and tiles");
+    for (int64_t t = 0; t < z.ntiles(); ++t) {
+        OnWorker on(placement_worker(row_of(z, t)));
+        codelets::submit_add_into(z.tile_numel(t), alpha, x.handle(t), beta, y.handle(t), z.handle(t));
+    }
+    z.bump_version();
+}
+
 void convert(TileTensor &src, TileTensor &dst) {
     NNTILE_CHECK(src.shape() == dst.shape() && src.tile_shape() == dst.tile_shape(),
                  "convert: tensors must have the same shape and tiles");

@@ -19,6 +19,8 @@ void bias_add(TileTensor &b, TileTensor &y);
 void bias_grad(TileTensor &dy, TileTensor &db, float beta);
 // y = alpha x + beta y, tile by tile (same tiling).
 void add(float alpha, TileTensor &x, float beta, TileTensor &y);
+// z = alpha x + beta y, tile by tile (same tiling; z only written): one task per tile where a copy and an add took two.
+void add_into(float alpha, TileTensor &x, float beta, TileTensor &y, TileTensor &z);
 
 // y = gelu(x), dx = dy * gelu'(x), tile by tile (same tiling).
 void gelu_forward(TileTensor &x, TileTensor &y, bool tanh_approx);
