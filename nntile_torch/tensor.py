@@ -119,7 +119,7 @@ class TileTensor(torch.Tensor):
         if t.dtype == "float32":
             tiles = _copy_tiles(self)
         else:
-            tiles = _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, t.name, t.persistent)
+            tiles = _empty_tiles_like(t)
             tiles.from_dense(self.materialize().reshape(tuple(t.shape)))
         new = TileTensor(tiles, self.shape, self.device, requires_grad=self.requires_grad)
         if getattr(self, "_is_param", False):
@@ -151,10 +151,14 @@ def _like(src, tiles, device=None):
     return TileTensor(tiles, src.shape, device or src.device)
 
 
+def _empty_tiles_like(t):
+    """New, unwritten C++ tiles with t's shape, tiling, dtype, name and persistence."""
+    return _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, t.name, t.persistent)
+
+
 def _copy_tiles(src):
-    t = src._tiles
-    new = _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, t.name, t.persistent)
-    _C.add(1.0, t, 0.0, new)
+    new = _empty_tiles_like(src._tiles)
+    _C.add(1.0, src._tiles, 0.0, new)
     return new
 
 
@@ -229,9 +233,8 @@ def _add(self, other, alpha=1):
         a, b = _as_tiles_of(other, self), other
     if a is None or b is None:
         return NotImplemented
-    t = a._tiles
-    new = _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, t.name, t.persistent)
-    _C.add_into(1.0, t, float(alpha), b._tiles, new)  # one task per tile (a copy and an add took two)
+    new = _empty_tiles_like(a._tiles)
+    _C.add_into(1.0, a._tiles, float(alpha), b._tiles, new)  # one task per tile (a copy and an add took two)
     return _like(a, new)
 
 
