@@ -1,16 +1,20 @@
 // CPU AdamW kernel.
 #include "adamw_impl.h"
+#include "cpu_clones.h"
 
 namespace nntile::kernels {
 
 // __restrict__ (tiles never overlap) and -fno-math-errno (setup.py) let the compiler vectorize the fp32 loop: 2.4x
-// per core on an x86 build machine, same bits.
-void adamw_cpu(int64_t n, const AdamWScalars &s, const float *__restrict__ grad, float *__restrict__ param,
+// per core on an x86 build machine, same bits. Each loop is also compiled for AVX2 and AVX-512 (x86-64-v3/v4) and
+// the best the processor has is picked at load time: beyond GPU memory the memory plan runs the updates of the host
+// blocks on CPU workers, where they are on the step's critical path (NNTILE_CPU_CLONES, cpu_clones.h).
+
+NNTILE_CPU_CLONES void adamw_cpu(int64_t n, const AdamWScalars &s, const float *__restrict__ grad, float *__restrict__ param,
                float *__restrict__ exp_avg, float *__restrict__ exp_avg_sq) {
     for (int64_t i = 0; i < n; ++i) adamw_element(s, grad[i], param[i], exp_avg[i], exp_avg_sq[i]);
 }
 
-void adamw_bf16state_cpu(int64_t n, const AdamWScalars &s, uint64_t seed, const float *__restrict__ grad,
+NNTILE_CPU_CLONES void adamw_bf16state_cpu(int64_t n, const AdamWScalars &s, uint64_t seed, const float *__restrict__ grad,
                          float *__restrict__ param, uint16_t *__restrict__ exp_avg, uint16_t *__restrict__ exp_avg_sq) {
     for (int64_t i = 0; i < n; ++i) adamw_element_bf16state(s, seed, i, grad[i], param[i], exp_avg[i], exp_avg_sq[i]);
 }

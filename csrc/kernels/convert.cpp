@@ -1,6 +1,8 @@
 // CPU float32 <-> bfloat16 conversion.
 #include "convert.h"
 
+#include "cpu_clones.h"
+
 #include <cstring>
 
 namespace nntile::kernels {
@@ -21,7 +23,7 @@ float bf16_to_f32(uint16_t h) {
 }
 }  // namespace
 
-void convert_cpu(int64_t n, DType src_type, const void *src, DType dst_type, void *dst) {
+NNTILE_CPU_CLONES void convert_cpu(int64_t n, DType src_type, const void *src, DType dst_type, void *dst) {
     if (src_type == dst_type) {
         std::memcpy(dst, src, n * dtype_size(src_type));
     } else if (src_type == DType::f32) {
