@@ -333,6 +333,12 @@ void runtime_init(const RuntimeConfig &cfg) {
     // and aborts: the default here is to report and keep waiting.
     setenv("STARPU_WATCHDOG_TIMEOUT", "120000000", 0);
     setenv("STARPU_WATCHDOG_CRASH", "0", 0);
+    // The patched StarPU's eviction settings (scripts/patch_starpu.py), on unless the user sets them to 0: a host
+    // copy of a tile that another node holds too is freed when host RAM runs short (1.3.10 kept every host buffer
+    // until unregistration: host RAM filled with stale copies beyond the GPU's memory), and a tile marked won't-use
+    // (the memory plan's streamed weights, once used) is the first one evicted. Neither acts while memory suffices.
+    setenv("NNTILE_DROP_HOST_COPIES", "1", 0);
+    setenv("NNTILE_EVICT_WONT_USE_FIRST", "1", 0);
     set_env_mib("STARPU_LIMIT_CUDA_MEM", cfg.cuda_memory_limit);
     set_env_mib("STARPU_LIMIT_CPU_MEM", cfg.host_memory_limit);
     set_submission_window(cfg.max_submitted_tasks);
