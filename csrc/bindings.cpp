@@ -111,6 +111,15 @@ PYBIND11_MODULE(_C, m) {
     m.def("info", &info);
     m.def("tasks_submitted", &tasks_submitted);
     m.def("tasks_pending", [] { return starpu_task_nsubmitted(); });
+    m.def("cuda_memory_nodes", [] {  // the memory node of each GPU that runs CUDA workers, in worker order
+        std::vector<int> nodes;
+        for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
+            if (starpu_worker_get_type((int)w) == STARPU_CUDA_WORKER) {
+                int node = (int)starpu_worker_get_memory_node(w);
+                if (std::find(nodes.begin(), nodes.end(), node) == nodes.end()) nodes.push_back(node);
+            }
+        return nodes;
+    });
     m.def("tile_bytes", &tile_bytes);
     m.def("peak_tile_bytes", &peak_tile_bytes);
     m.def("reset_peak_tile_bytes", &reset_peak_tile_bytes);
@@ -204,6 +213,8 @@ PYBIND11_MODULE(_C, m) {
         .def("to_dense", &TileTensor::to_dense, py::arg("device") = py::none(),
              py::call_guard<py::gil_scoped_release>())
         .def("wont_use", &TileTensor::wont_use)
+        .def("prefetch", &TileTensor::prefetch, py::arg("node"))
+        .def("wait_written", &TileTensor::wait_written, py::call_guard<py::gil_scoped_release>())
         .def("invalidate", &TileTensor::invalidate);
 
     // Ops only submit tasks, but the submitting thread waits inside starpu_task_submit while the submission window

@@ -447,6 +447,40 @@ void TileTensor::wont_use() {
     for (auto h : handles_) starpu_data_wont_use(h);
 }
 
+namespace {
+struct PrefetchArg {
+    starpu_data_handle_t handle;
+    int node;
+};
+// The tile is on the node now: let go at once (the acquisition only orders the move after the writers).
+void release_prefetched(void *arg) {
+    auto *a = static_cast<PrefetchArg *>(arg);
+    starpu_data_release_on_node(a->handle, a->node);
+    delete a;
+}
+}  // namespace
+
+void TileTensor::prefetch(int node) {
+    NNTILE_CHECK(node >= 0 && node < (int)starpu_memory_nodes_get_count(),
+                 "prefetch: no memory node " << node << " (there are " << starpu_memory_nodes_get_count() << ")");
+    for (auto h : handles_) {
+        auto *a = new PrefetchArg{h, node};
+        int rc = starpu_data_acquire_on_node_cb_sequential_consistency(h, node, STARPU_R, release_prefetched, a, 1);
+        if (rc != 0) {
+            delete a;
+            NNTILE_STARPU_CHECK(rc, "prefetch of a tile of '" << name_ << "' to node " << node);
+        }
+    }
+}
+
+void TileTensor::wait_written() {
+    for (auto h : handles_) {
+        NNTILE_STARPU_CHECK(starpu_data_acquire_on_node(h, STARPU_ACQUIRE_NO_NODE, STARPU_R),
+                            "waiting for the writers of '" << name_ << "'");
+        starpu_data_release_on_node(h, STARPU_ACQUIRE_NO_NODE);
+    }
+}
+
 void TileTensor::invalidate() {
     for (auto h : handles_) starpu_data_invalidate_submit(h);
 }

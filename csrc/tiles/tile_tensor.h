@@ -66,6 +66,13 @@ class TileTensor {
 
     // Hints that no task will read this tensor again soon (StarPU may evict it first).
     void wont_use();
+    // Brings every tile onto memory node `node` once the tasks already submitted that write it have run (ordered
+    // like a task reading it; asynchronous: the submitting thread does not wait). The memory plan's streaming of
+    // weights kept in host RAM (nntile_torch/streaming.py).
+    void prefetch(int node);
+    // Waits (releasing no lock of its own) until the tasks already submitted that write any tile have run, without
+    // moving a tile: the streaming throttle's marker of how far execution has got.
+    void wait_written();
     // Marks the contents dead: StarPU drops every copy without writing back.
     void invalidate();
 
