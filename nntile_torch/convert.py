@@ -74,7 +74,7 @@ def _swap(m, kw, home=None):
 
 
 def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=None, init_device=None,
-            progress=None):
+            progress=None, plan=None):
     """Swaps, in place, model's nn.Linear, Hugging Face Conv1D, nn.LayerNorm and GELU modules for nntile_torch
     ones (see the module docstring) and returns model. Parameters keep their names, shapes, values,
     requires_grad and ties (a weight shared by several modules, such as GPT-2's token embedding and LM head,
@@ -93,29 +93,34 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
 
     progress: a progress bar over the modules on stderr (a 20B model on meta takes ~100 s); None shows it for
     models of 1B parameters or more when stderr is a terminal.
+
+    plan: a memory plan (nt.plan(model, batch, seq, precision)) whose checkpointing and streaming hooks are put on
+    the converted model (docs/memory_plan.md); its precision must be this one.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert() takes a torch.nn.Module (got {type(model).__name__})")
     config.check_precision(precision)
     config.check_tile(tile_size, "tile_size")
     config.check_tile(batch_tile_size, "batch_tile_size")
+    if plan is not None and plan.precision != precision:
+        raise ValueError(f"convert(precision={precision!r}) differs from the plan's precision {plan.precision!r}")
     ensure_init()
     kw = dict(tile_size=tile_size, batch_tile_size=batch_tile_size, precision=precision)
     swapped = {}  # id(old parameter) -> new parameter
-    plan = []
+    swaps = []
     for name, m in model.named_modules():
         for cname, child in m.named_children():
             full = f"{name}.{cname}" if name else cname
             if _swappable(child, tile_size):
                 _check_dense_float32(full, child)
-                plan.append((m, cname, child))
-    _check_meta(model, plan, init)
-    meta_plan = any(p.is_meta for _, _, m in plan for p in m.parameters(recurse=False))
+                swaps.append((m, cname, child))
+    _check_meta(model, swaps, init)
+    meta_plan = any(p.is_meta for _, _, m in swaps for p in m.parameters(recurse=False))
     home = _home_device(init_device) if meta_plan else None  # only meta modules need one
     keep = []
     if progress is None:
         progress = sys.stderr.isatty() and sum(p.numel() for p in model.parameters()) >= 10**9
-    for parent, cname, old in tqdm(plan, desc="nntile_torch.convert", unit="module", disable=not progress,
+    for parent, cname, old in tqdm(swaps, desc="nntile_torch.convert", unit="module", disable=not progress,
                                    file=sys.stderr, leave=False):
         ids = {pname: id(p) for pname, p in old.named_parameters(recurse=False)}
         keep.extend(old.parameters(recurse=False))  # alive, so their ids stay unique while ties are matched
@@ -164,6 +169,8 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
         if type(m) is nn.Embedding and not getattr(m, "_nntile_checked", False):
             m.register_forward_pre_hook(_index_check(name or "embedding"))
             m._nntile_checked = True
+    if plan is not None:
+        plan.apply(model)
     return model
 
 

@@ -303,10 +303,10 @@ def test_offload_gives_the_same_updates_with_state_in_host_ram(device):
     opt = nt.optim.AdamW(ours.parameters(), lr=1e-2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # few CPU workers beside a GPU: a speed warning
-        opt_h = nt.optim.AdamW(twin.parameters(), lr=1e-2, offload=0.5)
+        opt_h = nt.optim.AdamW(twin.parameters(), lr=1e-2, offload=0.25)
     host = [p for p in twin.parameters() if p in opt_h._host]
     assert 0 < len(host) < len(list(twin.parameters()))
-    assert sum(p.numel() for p in host) >= 0.5 * sum(p.numel() for p in twin.parameters())
+    assert sum(p.numel() for p in host) >= 0.25 * sum(p.numel() for p in twin.parameters())
     data = batches(5, device)
     assert train(ours, opt, data) == pytest.approx(train(twin, opt_h, data), rel=1e-6)
     for a, b in zip(ours.parameters(), twin.parameters()):

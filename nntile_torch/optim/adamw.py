@@ -69,15 +69,32 @@ class AdamW(torch.optim.Optimizer):
     drop exp_avg_sq's updates (beta2 = 0.999 moves it by 0.1%, bf16's spacing is 0.4%). Not bitwise torch's
     AdamW any more: tests/test_adamw.py bounds how far the trajectory drifts. Plain tensor parameters keep fp32.
 
-    offload (a fraction of the tile parameters' elements, taken in parameter order, or the parameters
+    offload (a fraction of the tile parameters' elements, taken from the last parameter backwards, or the parameters
     themselves): those parameters are updated by CPU workers, so their fp32 master weights and states live in host
     RAM, and their bf16 copies are made there too; GPUs only receive the bf16 copy and send back the gradient
     (ZeRO-Offload's split). For models whose weights and states do not fit in GPU memory, without relying on
     StarPU to evict them from a full GPU. Needs CPU workers (nt.init(ncpus=...)); same updates as without.
+
+    plan (nt.plan(...)): step_in_backward, state_dtype and offload as the memory plan chose them (arguments given
+    here must agree with it); the parameters the plan keeps in host RAM are those of its last blocks.
     """
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, *, amsgrad=False,
-                 maximize=False, step_in_backward=False, state_dtype=torch.float32, offload=None):
+                 maximize=False, step_in_backward=None, state_dtype=None, offload=None, plan=None):
+        params = list(params)
+        if plan is not None:  # nt.plan(): its choices where the caller made none, the same ones where they did
+            chosen = plan.adamw_kwargs(p for g in params for p in (g["params"] if isinstance(g, dict) else [g]))
+            for name, given in (("step_in_backward", step_in_backward), ("state_dtype", state_dtype),
+                                ("offload", offload)):
+                if given is not None and name != "offload" and given != chosen.get(name):
+                    raise ValueError(f"AdamW({name}={given!r}) contradicts the plan's {name}={chosen.get(name)!r} "
+                                     "(pin it in nt.plan(...) instead)")
+            step_in_backward = chosen["step_in_backward"] if step_in_backward is None else step_in_backward
+            state_dtype = chosen["state_dtype"] if state_dtype is None else state_dtype
+            if offload is None:
+                offload = chosen.get("offload") or None
+        step_in_backward = bool(step_in_backward)
+        state_dtype = torch.float32 if state_dtype is None else state_dtype
         if not isinstance(lr, (int, float)) or lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr!r} (must be a float >= 0)")
         if not isinstance(eps, (int, float)) or eps < 0.0:
@@ -94,7 +111,7 @@ class AdamW(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=False,
                         maximize=maximize, foreach=None, capturable=False, differentiable=False, fused=None,
                         decoupled_weight_decay=True)
-        self.step_in_backward = bool(step_in_backward)
+        self.step_in_backward = step_in_backward
         self.state_dtype = state_dtype
         self._hooks = []
         self._seeds = {}  # parameter -> its index in the groups: the stochastic rounding's seed
@@ -120,8 +137,10 @@ class AdamW(torch.optim.Optimizer):
         else:
             if not 0 < offload <= 1:
                 raise ValueError(f"offload must be a fraction in (0, 1] or parameters (got {offload!r})")
+            # From the last parameters backwards: their gradients come first in the backward, so the CPU workers
+            # have the rest of it to update them, and the next forward reads them last (docs/memory_plan.md).
             total, chosen, taken = sum(p.numel() for p in tiled), set(), 0
-            for p in tiled:
+            for p in reversed(tiled):
                 if taken >= offload * total:
                     break
                 chosen.add(p)
@@ -213,6 +232,10 @@ class AdamW(torch.optim.Optimizer):
         m, v = state["exp_avg"], state["exp_avg_sq"]
         self._tiled_states[p] = (m, v)
         _C.adamw(grad, p._tiles, m._tiles, v._tiles, lr, beta1, beta2, eps, wd, step, fresh, self._seeds[p])
+        if p in self._host and getattr(p, "_bf16_cache", None) is not None:
+            # The next forward's bf16 copy, made now by the CPU workers (the same values as later): the memory
+            # plan's streaming fetches it to the GPU ahead of that forward (nntile_torch/streaming.py).
+            weight_bf16(p)
         if self._evict_first:
             m.tiles.wont_use()
             v.tiles.wont_use()

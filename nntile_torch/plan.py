@@ -1,0 +1,501 @@
+"""The memory plan (docs/memory_plan.md): before step 1, from the model's shapes, the batch, the precision and
+the capacity of each memory node, decide where every persistent tile lives (fp32 master weights, AdamW moments,
+bf16 compute copies), what the GPU keeps as its working set, and the settings that follow; and say, before
+anything is allocated, when a model fits nowhere.
+
+    plan = nt.plan(model, batch=16, seq=1024, precision="bf16")   # the model as built, converted or not (meta too)
+    print(plan)                                                    # bytes per tier, traffic, predicted step time
+    plan.init()                                                    # nt.init with the plan's limits and workers
+    model = nt.convert(model, precision="bf16", plan=plan)         # + checkpointing and the streaming hooks
+    opt = nt.optim.AdamW(model.parameters(), lr=3e-4, plan=plan)   # + state dtype, in-backward and host updates
+
+Placement is by whole blocks: the last blocks of the model are the ones whose optimizer state lives in host RAM
+and is updated there by CPU workers (their gradients arrive first in the backward, so the CPU has the rest of the
+backward to update them, and the next forward needs them last); the GPU keeps the first blocks' state, the
+embeddings, the activations and a streaming window of the host blocks' bf16 weights.
+"""
+import dataclasses
+import math
+import os
+
+import torch
+from torch import nn
+
+GiB = 2**30
+
+
+class InsufficientMemoryError(MemoryError):
+    """The model, at this batch and sequence length, fits in no placement over the memory nodes. Raised by
+    nt.plan() before anything is allocated (the model and optimizer are untouched); .missing maps each memory
+    tier to the bytes it lacks in the closest placement."""
+
+    def __init__(self, message, missing=None):
+        super().__init__(message)
+        self.missing = dict(missing or {})
+
+
+@dataclasses.dataclass
+class ParamInfo:
+    name: str
+    numel: int
+    block: int  # index of the block it belongs to, -1 for the rest (embeddings, final norm)
+    matmul: bool  # read by a matmul (gets a bf16 copy in bf16 mode)
+
+
+@dataclasses.dataclass
+class ModelFacts:
+    params: list
+    n_layer: int
+    width: int
+    vocab: int
+    inner: int
+    blocks_path: str  # attribute path of the blocks' ModuleList, e.g. "transformer.h"
+
+    @property
+    def n_params(self):
+        return sum(p.numel for p in self.params)
+
+    def block_params(self, b):
+        return [p for p in self.params if p.block == b]
+
+
+def _is_matmul_module(m):
+    return isinstance(m, nn.Linear) or type(m).__name__ in ("Conv1D", "Linear")
+
+
+def _find_blocks(model):
+    """The largest nn.ModuleList of at least two modules of one class: the transformer's blocks."""
+    best = None
+    for name, m in model.named_modules():
+        if isinstance(m, nn.ModuleList) and len(m) >= 2 and len({type(c) for c in m}) == 1:
+            if best is None or len(m) > len(best[1]):
+                best = (name, m)
+    return best
+
+
+def model_facts(model):
+    """What the plan needs of a model: every parameter (ties counted once) with its block, and the widths."""
+    found = _find_blocks(model)
+    path, blocks = found if found else ("", [])
+    owners = {}  # id(param) -> modules holding it
+    for mname, m in model.named_modules():
+        for pname, p in m.named_parameters(recurse=False):
+            owners.setdefault(id(p), []).append((mname, pname, m))
+    params = []
+    for name, p in model.named_parameters():
+        block = -1
+        if path and name.startswith(path + "."):
+            block = int(name[len(path) + 1:].split(".", 1)[0])
+        held = owners.get(id(p), [])
+        matmul = p.dim() == 2 and any(_is_matmul_module(m) for _, _, m in held)
+        params.append(ParamInfo(name, p.numel(), block, matmul))
+    cfg = getattr(model, "config", None)
+    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding) or type(m).__name__ == "Embedding"]
+    width = getattr(cfg, "n_embd", None) or getattr(cfg, "hidden_size", None)
+    vocab = getattr(cfg, "vocab_size", None)
+    if embeddings:
+        largest = max(embeddings, key=lambda e: e.weight.numel())
+        width = width or largest.weight.shape[1]
+        vocab = vocab or largest.weight.shape[0]
+    if not width:  # no embedding, no config: the widest matmul input of a block
+        mats = [p for p in model.parameters() if p.dim() == 2]
+        width = min(min(p.shape) for p in mats) if mats else 1
+    inner = getattr(cfg, "n_inner", None) or 4 * width
+    return ModelFacts(params, len(blocks), int(width), int(vocab or 0), int(inner), path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Activation bytes per token, from what the tile Functions keep (functional.py): per block, LayerNorm's input,
+# each matmul's input (bf16 in bf16 mode), qkv and the attention output, GELU's input; the working set of one block
+# in its backward (its gradients and the recomputed activations with checkpointing); the head: logits and their
+# gradient (fp32) and its bf16 copy. Calibrated against peak_tile_bytes on the CPU (tests/test_plan.py).
+
+def activation_bytes(facts, batch, seq, precision, checkpointing):
+    c, f, v, L = facts.width, facts.inner, facts.vocab, facts.n_layer
+    x = 2 if precision == "bf16" else 4  # a matmul input kept for backward
+    kept = 4 * c + x * c + 12 * c + 4 * c + x * c + 4 * c + x * c + 4 * f + x * f  # one block, per token
+    work = 12 * c + 4 * f + 4 * c + kept  # one block's backward: gradients of qkv, GELU, stream + its own kept
+    per_token = (4 * c * L + kept + work) if checkpointing else (kept * L + work)
+    head = 4 * c + x * c + 8 * v + x * v + 4 * c  # final norm, logits and their gradient, bf16 copy, dx
+    return batch * seq * (per_token + head + 8 + 4 * c)  # ids, embedding output
+
+
+@dataclasses.dataclass
+class Rates:
+    """What the step-time prediction assumes of the machine (defaults: one H200, measured in
+    benchmarks/results/h200; docs/memory_plan.md says how they were fitted)."""
+    gemm_flops: float = 620e12  # bf16 GEMM rate on large tiles; tf32 and fp32 below
+    gemm_flops_tf32: float = 340e12
+    gemm_flops_fp32: float = 50e12
+    per_layer_token_width_s: float = 2.6e-10  # everything else on the GPU per (layer x token x width)
+    pcie_bytes_s: float = 48e9  # each direction, pinned, 4 MiB+ transfers
+    host_update_bytes_s: float = 60e9  # CPU AdamW over the host blocks, all CPU workers
+    disk_bytes_s: float = 2e9
+
+    def gemm(self, precision):
+        return {"bf16": self.gemm_flops, "tf32": self.gemm_flops_tf32}.get(precision, self.gemm_flops_fp32)
+
+
+def _cpu_rates():
+    cores = os.cpu_count() or 1
+    return Rates(gemm_flops=cores * 30e9, gemm_flops_tf32=cores * 30e9, gemm_flops_fp32=cores * 30e9,
+                 per_layer_token_width_s=2e-8 / cores, pcie_bytes_s=1e12, host_update_bytes_s=cores * 2e9)
+
+
+@dataclasses.dataclass
+class Capacity:
+    gpu_bytes: int  # StarPU's limit on one GPU (0: no GPU)
+    host_bytes: int  # StarPU's host-RAM limit (None-like 0: unlimited is given as the machine's RAM)
+    disk_bytes: int = 0
+    gpus: int = 0
+    cpu_workers: int = 1
+
+
+def _machine_capacity(disk_limit=None):
+    from . import _C, runtime
+    if _C.running():
+        info = runtime.info()
+        split = info.get("cuda_memory_split") or {}
+        workers = info.get("workers") or {}
+        host = runtime._host_limit or runtime.default_host_memory_limit()
+        disk = (info.get("settings") or {}).get("disk_limit") or 0
+        return Capacity(split.get("starpu_limit_bytes", 0) if workers.get("cuda") else 0, host, disk,
+                        workers.get("cuda", 0), max(1, workers.get("cpu", 1)))
+    gpus = torch.cuda.device_count() if (_C.built_with_cuda and torch.cuda.is_available()) else 0
+    gpu = 0
+    if gpus:
+        total = torch.cuda.get_device_properties(0).total_memory
+        gpu = total - max(total // 10, 4 * GiB)
+    from .config import cpu_workers_beside_gpus
+    host = runtime.default_host_memory_limit()
+    return Capacity(gpu, host, disk_limit or 0, gpus, cpu_workers_beside_gpus() if gpus else (os.cpu_count() or 1))
+
+
+@dataclasses.dataclass
+class Option:
+    state_dtype: torch.dtype
+    step_in_backward: bool
+    checkpointing: bool
+    host_blocks: int  # the last host_blocks blocks keep their state in host RAM
+
+
+class MemoryPlan:
+    """Where every persistent tile lives and what each memory node holds at the step's peak, with the settings
+    that follow and a predicted step time. Made by nt.plan(); print() it to read it."""
+
+    def __init__(self, facts, batch, seq, precision, option, capacity, rates, tiers, traffic, times, lookahead,
+                 alternatives):
+        self.facts, self.batch, self.seq, self.precision = facts, batch, seq, precision
+        self.state_dtype = option.state_dtype
+        self.step_in_backward = option.step_in_backward
+        self.checkpointing = option.checkpointing
+        self.host_blocks = option.host_blocks
+        self.capacity, self.rates = capacity, rates
+        self.tiers = tiers  # {"gpu": {category: bytes}, "host": {...}, "disk": {...}}
+        self.traffic = traffic  # {"pcie_to_gpu": bytes, "pcie_to_host": bytes, "disk": bytes} per step
+        self.times = times  # {"gpu_s", "pcie_s", "host_update_s", "disk_s", "step_s"}
+        self.lookahead = lookahead
+        self.alternatives = alternatives  # [(Option, step_s or None, reason)] the others considered
+
+    # -- what the plan decided -------------------------------------------------------------------------------
+    @property
+    def host_block_indices(self):
+        return list(range(self.facts.n_layer - self.host_blocks, self.facts.n_layer))
+
+    def host_parameter_names(self):
+        first = self.facts.n_layer - self.host_blocks
+        return [p.name for p in self.facts.params if p.block >= first and self.host_blocks]
+
+    @property
+    def submission_window(self):
+        """StarPU's task window, a safety net under the plan's own per-block throttle (None: nt.init's default)."""
+        return 500 if self.beyond_gpu else None
+
+    @property
+    def beyond_gpu(self):
+        return self.host_blocks > 0
+
+    def persistent_bytes(self):
+        """One copy of every persistent tile by kind, wherever it lives: fp32 master weights (parameters), AdamW
+        moments, bf16 copies (what nt.memory_summary() lists as weight/bias, exp_avg/exp_avg_sq, *.bf16)."""
+        numel = sum(p.numel for p in self.facts.params)
+        moment = 8 if self.state_dtype == torch.float32 else 4
+        copies = sum(p.numel for p in self.facts.params if p.matmul) if self.precision == "bf16" else 0
+        return {"parameters": 4 * numel, "moments": moment * numel, "bf16 copies": 2 * copies}
+
+    def bytes(self, tier):
+        return sum(self.tiers.get(tier, {}).values())
+
+    def predicted_step_s(self):
+        return self.times["step_s"]
+
+    def tokens_per_s(self):
+        return self.batch * self.seq / self.times["step_s"]
+
+    # -- applying it -----------------------------------------------------------------------------------------
+    def init_kwargs(self):
+        """nt.init's arguments for this plan (CPU workers for the host blocks' updates)."""
+        kw = {}
+        if self.beyond_gpu and self.capacity.gpus:
+            kw["ncpus"] = self.capacity.cpu_workers
+        if self.submission_window:
+            kw["max_submitted_tasks"] = self.submission_window
+        return kw
+
+    def init(self, **overrides):
+        """Starts the runtime with the plan's settings (nt.init); a running runtime is left as it is."""
+        from . import _C, runtime
+        if not _C.running():
+            runtime.init(**{**self.init_kwargs(), **overrides})
+
+    def adamw_kwargs(self, params):
+        """AdamW's state dtype, in-backward updates and the parameters updated in host RAM."""
+        params = list(params)
+        kw = {"state_dtype": self.state_dtype, "step_in_backward": self.step_in_backward}
+        if self.beyond_gpu:
+            names = set(self.host_parameter_names())
+            kw["offload"] = [p for p in params if getattr(p, "_nntile_plan_name", None) in names]
+        return kw
+
+    def apply(self, model):
+        """Checkpointing and the streaming hooks on a converted model (nt.convert(..., plan=plan) calls it)."""
+        from .streaming import install
+        for name, p in model.named_parameters():
+            p._nntile_plan_name = name
+        if self.checkpointing:
+            enable = getattr(model, "gradient_checkpointing_enable", None)
+            if enable is not None:
+                enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                from .streaming import checkpoint_blocks
+                checkpoint_blocks(model, self.facts.blocks_path)
+        install(model, self)
+        model._nntile_plan = self
+        return model
+
+    # -- reading it ------------------------------------------------------------------------------------------
+    def summary(self):
+        """The plan as a dict (what the harness records)."""
+        return {"batch": self.batch, "seq": self.seq, "precision": self.precision,
+                "state_dtype": str(self.state_dtype).replace("torch.", ""),
+                "step_in_backward": self.step_in_backward, "checkpointing": self.checkpointing,
+                "host_blocks": self.host_blocks, "blocks": self.facts.n_layer, "lookahead_blocks": self.lookahead,
+                "tiers_bytes": {t: dict(c) for t, c in self.tiers.items()},
+                "capacity_bytes": {"gpu": self.capacity.gpu_bytes, "host": self.capacity.host_bytes,
+                                   "disk": self.capacity.disk_bytes},
+                "traffic_bytes": dict(self.traffic), "predicted": dict(self.times),
+                "submission_window": self.submission_window}
+
+    def __repr__(self):
+        return f"<MemoryPlan {_count(self.facts.n_params)} parameters, batch {self.batch} x {self.seq}: " \
+               f"{self.host_blocks}/{self.facts.n_layer} blocks in host RAM, step {self.times['step_s']:.2f} s>"
+
+    def __str__(self):
+        f, cap = self.facts, self.capacity
+        lines = [f"memory plan: {_count(f.n_params)} parameters ({f.n_layer} blocks, width {f.width}), "
+                 f"batch {self.batch} x {self.seq}, {self.precision}",
+                 f"  choices: AdamW moments {str(self.state_dtype).replace('torch.', '')}, "
+                 f"{'updates inside backward' if self.step_in_backward else 'updates in step()'}, "
+                 f"activation checkpointing {'on' if self.checkpointing else 'off'}, "
+                 + (f"blocks {f.n_layer - self.host_blocks}-{f.n_layer - 1} ({self.host_blocks}) keep their state "
+                    f"in host RAM and are updated by {cap.cpu_workers} CPU workers, "
+                    f"GPU prefetches {self.lookahead} blocks ahead" if self.host_blocks else
+                    "every tile on the GPU" if cap.gpu_bytes else "every tile in host RAM")]
+        caps = {"gpu": cap.gpu_bytes, "host": cap.host_bytes, "disk": cap.disk_bytes}
+        lines.append(f"  {'tier':<5} {'what':<34} {'GiB':>8}")
+        for tier in ("gpu", "host", "disk"):
+            items = self.tiers.get(tier, {})
+            if not items and not caps[tier]:
+                continue
+            for what, b in items.items():
+                if b:
+                    lines.append(f"  {tier:<5} {what:<34} {b / GiB:>8.2f}")
+            lines.append(f"  {tier:<5} {'= total, of capacity':<34} {self.bytes(tier) / GiB:>8.2f} / "
+                         f"{caps[tier] / GiB:.2f}")
+        t, tr = self.times, self.traffic
+        lines.append(f"  per step: PCIe {tr['pcie_to_gpu'] / 1e9:.1f} GB to the GPU, {tr['pcie_to_host'] / 1e9:.1f} GB "
+                     f"back" + (f", disk {tr['disk'] / 1e9:.1f} GB" if tr.get("disk") else ""))
+        lines.append(f"  predicted: step {t['step_s']:.2f} s ({self.tokens_per_s():,.0f} tokens/s): GPU "
+                     f"{t['gpu_s']:.2f} s, PCIe {t['pcie_s']:.2f} s, host updates {t['host_update_s']:.2f} s"
+                     + (f", disk {t['disk_s']:.2f} s" if t.get("disk_s") else ""))
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+def _count(n):
+    """1.56B, 124.4M, 118.5K parameters."""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
+
+
+def _persistent_bytes(p, precision, moment_bytes):
+    """fp32 master weight, AdamW moments, and the bf16 copy a matmul reads in bf16 mode."""
+    return p.numel * (4 + moment_bytes + (2 if precision == "bf16" and p.matmul else 0))
+
+
+def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
+    """Bytes per tier, traffic and predicted time of one option; None for the tiers when it does not fit, with the
+    bytes missing per tier."""
+    moment = 8 if opt.state_dtype == torch.float32 else 4
+    first_host = facts.n_layer - opt.host_blocks
+    on_host = [p for p in facts.params if opt.host_blocks and p.block >= first_host]
+    host_names = {p.name for p in on_host}
+    on_gpu = [p for p in facts.params if p.name not in host_names] if cap.gpu_bytes else []
+    if not cap.gpu_bytes:
+        on_host = list(facts.params)
+    gpus = max(1, cap.gpus)
+    act = activation_bytes(facts, -(-batch // gpus), seq, precision, opt.checkpointing)
+    block_numel = max([sum(p.numel for p in facts.block_params(b)) for b in range(facts.n_layer)] or [0])
+    # gradients alive at the peak: all of them with step(); with updates inside backward, the block in flight and
+    # the tied embedding's (its LM-head gradient waits for the embedding's, at the end of the backward)
+    grads = 4 * sum(p.numel for p in facts.params) if not opt.step_in_backward else \
+        4 * (2 * block_numel + sum(p.numel for p in facts.params if p.block < 0 and p.matmul))
+    weight_bytes = 2 if precision == "bf16" else 4  # what a matmul reads of a weight
+    tiers = {"gpu": {}, "host": {}, "disk": {}}
+    if cap.gpu_bytes:
+        g = tiers["gpu"]
+        g["weights + moments (+ bf16 copies)"] = sum(_persistent_bytes(p, precision, moment) for p in on_gpu) // gpus
+        g["activations"] = act
+        g["gradients in flight"] = grads
+        if opt.host_blocks:  # the host blocks' weights being used, plus those prefetched
+            g["streamed weights (host blocks)"] = (lookahead + 2) * block_numel * weight_bytes
+            g["host-block gradients in flight"] = 2 * 4 * block_numel
+        g["reserve (allocator, cache)"] = max(cap.gpu_bytes // 25, min(2 * GiB, cap.gpu_bytes // 10))
+    h = tiers["host"]
+    if on_host:
+        h["weights + moments (+ bf16 copies)"] = sum(_persistent_bytes(p, precision, moment) for p in on_host)
+    if not cap.gpu_bytes:
+        h["activations"] = act
+        h["gradients in flight"] = grads
+    elif opt.host_blocks:
+        h["gradients arriving"] = 3 * 4 * block_numel
+    if on_host:
+        h["reserve (allocator)"] = max(GiB // 4, cap.host_bytes // 50)
+    missing = {}
+    gpu_need, host_need = sum(tiers["gpu"].values()), sum(h.values())
+    if cap.gpu_bytes and gpu_need > cap.gpu_bytes:
+        missing["gpu"] = gpu_need - cap.gpu_bytes
+    spill = max(0, host_need - cap.host_bytes)
+    if spill:
+        if spill <= cap.disk_bytes:
+            tiers["disk"]["host tiles spilled to the disk node"] = spill
+        else:
+            missing["host"] = spill - cap.disk_bytes
+    # traffic and time per step
+    tokens = batch * seq
+    matmul_params = sum(p.numel for p in facts.params if p.matmul)
+    flops = (6 + (2 if opt.checkpointing else 0)) * matmul_params * tokens \
+        + 12 * facts.n_layer * facts.width * seq * tokens * (4 / 3 if opt.checkpointing else 1)
+    gpu_s = flops / rates.gemm(precision) / gpus \
+        + rates.per_layer_token_width_s * facts.n_layer * tokens * facts.width * (4 / 3 if opt.checkpointing else 1) / gpus
+    host_numel = sum(p.numel for p in on_host) if cap.gpu_bytes else 0
+    to_gpu = 2 * weight_bytes * host_numel  # forward and backward
+    to_host = 4 * host_numel  # fp32 gradients
+    pcie_s = max(to_gpu, to_host) / rates.pcie_bytes_s
+    update_bytes = 4 + 8 + 2 * moment + (6 if precision == "bf16" else 0)  # g; p r/w; m, v r/w; bf16 copy
+    host_update_s = host_numel * update_bytes / rates.host_update_bytes_s
+    if not cap.gpu_bytes:
+        host_update_s = 0.0  # part of the compute
+    disk_bytes = 2 * spill if spill and not missing.get("host") else 0
+    disk_s = disk_bytes / rates.disk_bytes_s
+    # The GPU, PCIe and the CPU updates overlap; the first host block's weights and the last update do not.
+    exposed = (block_numel * weight_bytes / rates.pcie_bytes_s if opt.host_blocks else 0.0) \
+        + (host_update_s / max(1, opt.host_blocks) if opt.host_blocks else 0.0)
+    step_s = max(gpu_s, pcie_s, host_update_s) + exposed + disk_s
+    times = {"gpu_s": gpu_s, "pcie_s": pcie_s, "host_update_s": host_update_s, "disk_s": disk_s, "step_s": step_s}
+    traffic = {"pcie_to_gpu": to_gpu, "pcie_to_host": to_host, "disk": disk_bytes}
+    return tiers, traffic, times, missing
+
+
+def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backward=None, checkpointing=None,
+         host_blocks=None, gpu_memory=None, host_memory=None, disk_limit=None, lookahead=2, rates=None):
+    """The memory plan for training `model` (a torch.nn.Module as built, on any device including meta, converted
+    or not) on batches of `batch` sequences of `seq` tokens with nntile_torch.optim.AdamW.
+
+    Capacities default to the running runtime's limits (nt.info()), or to the ones nt.init() would set on this
+    machine; gpu_memory / host_memory / disk_limit (bytes or "100GiB") override them. state_dtype,
+    step_in_backward, checkpointing and host_blocks pin a choice; left as None the plan picks, among the placements
+    that fit, the one with the shortest predicted step, the more exact one on a tie (fp32 moments, updates in
+    step(), no checkpointing). Raises InsufficientMemoryError, within milliseconds and before anything is
+    allocated, when none fits, saying how many bytes are missing where and what would make it fit."""
+    from .config import check_precision
+    from .runtime import parse_bytes
+    check_precision(precision)
+    for name, v in (("batch", batch), ("seq", seq), ("lookahead", lookahead)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "lookahead" else 1):
+            raise ValueError(f"{name} must be a positive int (got {v!r})")
+    if state_dtype not in (None, torch.float32, torch.bfloat16):
+        raise ValueError(f"state_dtype must be torch.float32, torch.bfloat16 or None (got {state_dtype!r})")
+    facts = model_facts(model)
+    cap = _machine_capacity(parse_bytes(disk_limit, "disk_limit"))
+    if gpu_memory is not None:
+        cap.gpu_bytes = parse_bytes(gpu_memory, "gpu_memory")
+        cap.gpus = max(cap.gpus, 1)
+    if host_memory is not None:
+        cap.host_bytes = parse_bytes(host_memory, "host_memory")
+    if disk_limit is not None:
+        cap.disk_bytes = parse_bytes(disk_limit, "disk_limit")
+    if rates is None:
+        rates = Rates() if cap.gpu_bytes else _cpu_rates()
+    if host_blocks is not None and not (0 <= host_blocks <= facts.n_layer):
+        raise ValueError(f"host_blocks must be in [0, {facts.n_layer}] (got {host_blocks!r})")
+    if host_blocks and not cap.gpu_bytes:
+        raise ValueError("host_blocks needs a GPU tier (this plan has none: everything is in host RAM already)")
+
+    def choices(pinned, values):
+        return [pinned] if pinned is not None else values
+
+    considered, feasible = [], []
+    for ckpt in choices(checkpointing, [False, True]):
+        for sd in choices(state_dtype, [torch.float32, torch.bfloat16]):
+            for sib in choices(step_in_backward, [False, True]):
+                counts = [host_blocks] if host_blocks is not None else \
+                    (range(facts.n_layer + 1) if cap.gpu_bytes and facts.n_layer else [0])
+                for k in counts:
+                    if k and not sib:
+                        continue  # host blocks' gradients go straight to their CPU update
+                    opt = Option(sd, sib, ckpt, k)
+                    tiers, traffic, times, missing = _evaluate(facts, batch, seq, precision, opt, cap, rates,
+                                                               lookahead)
+                    considered.append((opt, tiers, missing))
+                    if not missing:
+                        feasible.append((opt, tiers, traffic, times))
+                        break  # more host blocks only add traffic
+    if not feasible:
+        raise InsufficientMemoryError(*_explain(facts, batch, seq, considered, cap))
+
+    def key(entry):
+        opt, _, _, times = entry
+        exactness = (opt.state_dtype != torch.float32, opt.step_in_backward, opt.checkpointing)
+        return (round(times["step_s"] / 0.03), exactness)  # steps within ~3% count as a tie
+    feasible.sort(key=key)
+    best = feasible[0]
+    alternatives = [(o, t["step_s"]) for o, _, _, t in feasible[1:6]]
+    return MemoryPlan(facts, batch, seq, precision, best[0], cap, rates, best[1], best[2], best[3], lookahead,
+                      alternatives)
+
+
+def _explain(facts, batch, seq, considered, cap):
+    """The message and missing bytes of the option closest to fitting."""
+    def shortfall(entry):
+        return sum(entry[2].values())
+    opt, tiers, missing = min(considered, key=shortfall)
+    parts = [f"{tier}: {b / GiB:.1f} GiB missing (needs {sum(tiers[tier].values()) / GiB:.1f} of "
+             f"{(cap.gpu_bytes if tier == 'gpu' else cap.host_bytes + cap.disk_bytes) / GiB:.1f})"
+             for tier, b in missing.items()]
+    fixes = []
+    if batch > 1:
+        fixes.append(f"a smaller batch (activations: {tiers['gpu' if cap.gpu_bytes else 'host'].get('activations', 0) / GiB:.1f} GiB at {batch})")
+    if opt.state_dtype == torch.float32:
+        fixes.append("state_dtype=torch.bfloat16 (4 bytes per parameter less)")
+    if not opt.checkpointing:
+        fixes.append("activation checkpointing")
+    if "host" in missing:
+        fixes.append(f"a disk node (nt.init(disk_path=..., disk_limit=...)) of at least "
+                     f"{(missing['host'] + cap.disk_bytes) / GiB:.0f} GiB, or a larger host_memory_limit")
+    msg = (f"{_count(facts.n_params)} parameters at batch {batch} x {seq} fit in no placement over GPU "
+           f"{cap.gpu_bytes / GiB:.1f} GiB, host {cap.host_bytes / GiB:.1f} GiB, disk {cap.disk_bytes / GiB:.1f} GiB. "
+           f"Closest (moments {str(opt.state_dtype).replace('torch.', '')}, checkpointing "
+           f"{'on' if opt.checkpointing else 'off'}, {opt.host_blocks} of {facts.n_layer} blocks in host RAM): "
+           + "; ".join(parts) + ". What would make it fit: " + ", or ".join(fixes or ["more memory"]) + ".")
+    return msg, missing

@@ -1,0 +1,267 @@
+"""nt.plan(): the memory plan's bytes against the tiles a step really makes, its choices for the H200's models, the
+infeasible case (InsufficientMemoryError before anything is allocated), and training under a plan (streaming
+hooks, host blocks, checkpointing) against training without one, bit for bit."""
+import math
+import time
+
+import pytest
+import torch
+
+import nntile_torch as nt
+from nntile_torch.plan import GiB, activation_bytes, model_facts
+
+transformers = pytest.importorskip("transformers", reason="transformers is installed by scripts/setup.sh")
+
+
+def gpt2(n_layer=3, n_embd=96, n_head=6, vocab=1000, n_positions=64, seed=0, device="cpu"):
+    torch.manual_seed(seed)
+    cfg = transformers.GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab,
+                                  n_positions=n_positions, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                  bos_token_id=0, eos_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).to(device)
+
+
+def meta_gpt2(layers, hidden, heads, vocab=50257, positions=1024):
+    cfg = transformers.GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab, n_positions=positions,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    with torch.device("meta"):
+        return transformers.GPT2LMHeadModel(cfg)
+
+
+H200 = dict(gpu_memory=int(125.8 * GiB), host_memory=int(109.8 * GiB))  # nt.init's defaults on that machine
+
+
+def live_by_kind():
+    kinds = {"parameters": 0, "moments": 0, "bf16 copies": 0}
+    for name, dtype, nbytes in nt._C.live_tile_tensors():
+        if name in ("weight", "bias"):
+            kinds["parameters"] += nbytes
+        elif name in ("exp_avg", "exp_avg_sq"):
+            kinds["moments"] += nbytes
+        elif name.endswith(".bf16") and name.startswith(("weight", "bias")):
+            kinds["bf16 copies"] += nbytes
+    return kinds
+
+
+def test_model_facts_of_gpt2():
+    """Every parameter once (the tied head with the token embedding), in its block; widths from the config."""
+    model = gpt2()
+    f = model_facts(model)
+    assert f.n_params == sum(p.numel() for p in model.parameters())
+    assert (f.n_layer, f.width, f.vocab, f.inner, f.blocks_path) == (3, 96, 1000, 384, "transformer.h")
+    by_name = {p.name: p for p in f.params}
+    assert by_name["transformer.wte.weight"].matmul and not by_name["transformer.wpe.weight"].matmul
+    assert by_name["transformer.h.2.attn.c_attn.weight"].block == 2 and by_name["transformer.ln_f.bias"].block == -1
+    assert not by_name["transformer.h.0.ln_1.weight"].matmul
+
+
+@pytest.mark.parametrize("precision,state_dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16)],
+                         ids=["fp32", "bf16-moments"])
+def test_plan_bytes_are_what_the_tiles_take(precision, state_dtype):
+    """After a step under the plan, the live tiles of each persistent kind (parameters, moments, bf16 copies) take
+    exactly the plan's bytes, and the step's peak of all tiles is within the plan's estimate of it (+-35%)."""
+    import gc
+    gc.collect()
+    model = gpt2(n_layer=4)
+    plan = nt.plan(model, batch=3, seq=37, precision=precision, state_dtype=state_dtype)
+    assert plan.state_dtype == state_dtype and not plan.beyond_gpu
+    before = live_by_kind()
+    nt.reset_peak_stats()
+    base = nt.stats()["tile_bytes"]
+    ours = nt.convert(model, precision=precision, tile_size=384, batch_tile_size=37, plan=plan)
+    opt = nt.optim.AdamW(ours.parameters(), lr=1e-3, plan=plan)
+    ids = torch.randint(0, 1000, (3, 37), generator=torch.Generator().manual_seed(0))
+    for _ in range(2):
+        loss = ours(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    nt.synchronize()
+    del loss
+    gc.collect()
+    after = live_by_kind()
+    want = plan.persistent_bytes()
+    for kind in want:
+        assert after[kind] - before[kind] == want[kind], (kind, after[kind] - before[kind], want[kind])
+    peak = nt.stats()["peak_tile_bytes"] - base
+    planned = sum(want.values()) + plan.tiers["host"].get("activations", 0) + plan.tiers["host"].get(
+        "gradients in flight", 0)
+    print("peak", peak, "planned", planned, peak / planned)
+    assert 0.65 * planned <= peak <= 1.35 * planned, (peak, planned)
+    del ours, opt
+    gc.collect()
+
+
+def test_plan_for_the_h200_models():
+    """The H200's capacities: GPT-2 XL at batch 8 fits on the GPU as it is (exact: fp32 moments, no checkpointing,
+    updates in step()); 13B at batch 32 needs checkpointing and puts its last blocks' state in host RAM with updates
+    inside backward; 20B at batch 8 too; each plan's tiers fit their capacities; print() reads them out."""
+    xl = nt.plan(meta_gpt2(48, 1600, 25), batch=8, seq=1024, **H200)
+    assert (xl.state_dtype, xl.checkpointing, xl.step_in_backward, xl.host_blocks) == (torch.float32, False, False, 0)
+    assert xl.traffic["pcie_to_gpu"] == 0 and xl.submission_window is None
+    for layers, hidden, heads, batch in ((40, 5120, 40, 32), (44, 6144, 48, 8)):
+        p = nt.plan(meta_gpt2(layers, hidden, heads), batch=batch, seq=1024, **H200)
+        assert p.checkpointing and p.step_in_backward and 0 < p.host_blocks < layers, p
+        assert p.bytes("gpu") <= H200["gpu_memory"] and p.bytes("host") <= H200["host_memory"]
+        assert p.traffic["pcie_to_gpu"] > 0 and p.times["step_s"] >= max(p.times["gpu_s"], p.times["pcie_s"])
+        names = p.host_parameter_names()
+        assert names and all(f"transformer.h.{layers - 1}." in n or any(
+            f"transformer.h.{b}." in n for b in p.host_block_indices) for n in names)
+        text = str(p)
+        assert "host RAM" in text and "predicted: step" in text and "gpu" in text
+    assert p.summary()["host_blocks"] == p.host_blocks
+
+
+def test_infeasible_model_raises_before_anything_and_says_what_would_fit():
+    """A model that fits nowhere raises InsufficientMemoryError at once, naming the tier and bytes missing and
+    what would help; the model is untouched and no task was submitted."""
+    model = meta_gpt2(48, 7168, 56)  # 30B
+    tasks = nt.stats()["tasks_submitted"]
+    t0 = time.monotonic()
+    with pytest.raises(nt.InsufficientMemoryError) as e:
+        nt.plan(model, batch=16, seq=1024, gpu_memory="40GiB", host_memory="60GiB")
+    assert time.monotonic() - t0 < 60
+    msg = str(e.value)
+    assert "missing" in msg and "disk node" in msg and "smaller batch" in msg, msg
+    assert e.value.missing and all(b > 0 for b in e.value.missing.values())
+    assert all(p.is_meta for p in model.parameters()) and nt.stats()["tasks_submitted"] == tasks
+    # the same model fits with a disk node large enough, or pinned to bf16 moments it needs less
+    fits = nt.plan(model, batch=1, seq=1024, gpu_memory="40GiB", host_memory="60GiB", disk_limit="400GiB")
+    assert fits.tiers["disk"] and fits.traffic["disk"] > 0
+
+
+def test_plan_rejects_bad_arguments():
+    model = gpt2(n_layer=2)
+    with pytest.raises(ValueError, match="batch"):
+        nt.plan(model, batch=0, seq=8)
+    with pytest.raises(ValueError, match="precision"):
+        nt.plan(model, batch=1, seq=8, precision="fp16")
+    with pytest.raises(ValueError, match="state_dtype"):
+        nt.plan(model, batch=1, seq=8, state_dtype=torch.float16)
+    with pytest.raises(ValueError, match="host_blocks"):
+        nt.plan(model, batch=1, seq=8, host_blocks=3, gpu_memory="1GiB")
+    plan = nt.plan(model, batch=1, seq=8, precision="bf16")
+    with pytest.raises(ValueError, match="precision"):
+        nt.convert(gpt2(n_layer=2), precision="fp32", plan=plan)
+
+
+def test_activation_estimate_grows_as_the_model_keeps():
+    f = model_facts(gpt2(n_layer=4))
+    full, ckpt = activation_bytes(f, 8, 64, "fp32", False), activation_bytes(f, 8, 64, "fp32", True)
+    assert ckpt < full and activation_bytes(f, 16, 64, "fp32", False) == 2 * full
+    assert activation_bytes(f, 8, 64, "bf16", False) < full
+
+
+def _train(model, opt, steps=3, device="cpu"):
+    losses = []
+    for s in range(steps):
+        ids = torch.randint(0, 1000, (4, 37), generator=torch.Generator().manual_seed(s)).to(device)
+        loss = model(ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device):
+    """A plan with its last two blocks in host RAM (on a CPU-only machine the weights are "streamed" to host RAM,
+    memory node 0, which runs the same prefetch, won't-use and throttle calls; on a GPU to the GPU): checkpointing,
+    updates inside backward and host updates give exactly the losses and weights of the same choices made by hand,
+    without the hooks."""
+    import warnings
+    plan = nt.plan(gpt2(n_layer=4), batch=4, seq=37, precision="bf16", gpu_memory="1GiB", host_blocks=2,
+                   checkpointing=True, state_dtype=torch.bfloat16)
+    assert plan.host_blocks == 2 and plan.step_in_backward and plan.host_block_indices == [2, 3]
+    ours = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37, plan=plan)
+    if device == "cpu":
+        ours._nntile_streamer.nodes = [0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # few CPU workers beside a GPU: a speed warning
+        opt = nt.optim.AdamW(ours.parameters(), lr=1e-3, plan=plan)
+    host = {n for n, p in ours.named_parameters() if p in opt._host}
+    assert host == set(plan.host_parameter_names()) and all(n.startswith(("transformer.h.2.", "transformer.h.3."))
+                                                              for n in host)
+    twin = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37)
+    twin.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-3, step_in_backward=True, state_dtype=torch.bfloat16,
+                               offload=[p for n, p in twin.named_parameters() if n in host])
+    assert _train(ours, opt, device=device) == _train(twin, opt_t, device=device)
+    for (n, a), b in zip(ours.named_parameters(), twin.parameters()):
+        assert torch.equal(a.materialize(), b.materialize()), n
+    with pytest.raises(ValueError, match="contradicts the plan"):
+        nt.optim.AdamW(ours.parameters(), plan=plan, state_dtype=torch.float32)
+
+
+def test_offload_fraction_takes_the_last_parameters():
+    model = nt.convert(gpt2(n_layer=4), tile_size=384, batch_tile_size=37)
+    opt = nt.optim.AdamW(model.parameters(), offload=0.3)
+    tiled = [p for p in model.parameters() if isinstance(p, nt.TileTensor)]
+    chosen = [i for i, p in enumerate(tiled) if p in opt._host]
+    assert chosen == list(range(len(tiled) - len(chosen), len(tiled)))
+    assert sum(tiled[i].numel() for i in chosen) >= 0.3 * sum(p.numel() for p in tiled)
+
+
+_RANDOM_LIMITS = (
+    "import os, sys, torch, transformers, nntile_torch as nt\n"
+    "host, disk, pin = sys.argv[1], sys.argv[2], sys.argv[3]\n"
+    "nt.init(ncpus=2, ncuda=0, host_memory_limit=host, disk_path=disk if disk != '-' else None,\n"
+    "        disk_limit='256MiB' if disk != '-' else None)\n"
+    "torch.manual_seed(0)\n"
+    "cfg = transformers.GPT2Config(n_layer=3, n_embd=128, n_head=4, vocab_size=512, n_positions=32,\n"
+    "    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)\n"
+    "model = transformers.GPT2LMHeadModel(cfg)\n"
+    "try:\n"
+    "    kw = {} if pin == '-' else dict(zip(('state_dtype', 'step_in_backward', 'checkpointing'),\n"
+    "        (getattr(torch, pin.split(',')[0]), pin.split(',')[1] == '1', pin.split(',')[2] == '1')))\n"
+    "    plan = nt.plan(model, batch=4, seq=32, precision='fp32', **kw)\n"
+    "except nt.InsufficientMemoryError as e:\n"
+    "    print('infeasible', e.missing); sys.exit(0)\n"
+    "ours = nt.convert(model, tile_size=128, batch_tile_size=32, plan=plan)\n"
+    "opt = nt.optim.AdamW(ours.parameters(), lr=1e-3, plan=plan)\n"
+    "for s in range(3):\n"
+    "    ids = torch.randint(0, 512, (4, 32), generator=torch.Generator().manual_seed(s))\n"
+    "    loss = ours(ids, labels=ids).loss; loss.backward(); opt.step(); opt.zero_grad()\n"
+    "w = torch.cat([v.flatten() for v in ours.state_dict().values()])\n"
+    "torch.save(w, os.environ['OUTFILE'])\n"
+    "print('trained', float(loss), 'pin', ','.join((str(plan.state_dtype).split('.')[1],\n"
+    "    str(int(plan.step_in_backward)), str(int(plan.checkpointing)))))\n")
+
+
+def test_random_memory_limits_train_the_same_or_refuse_and_never_hang(tmp_path):
+    """Under host limits drawn at random (with and without a disk node), a planned training either refuses up
+    front (InsufficientMemoryError) or ends with the weights of an unlimited run of the same choices (moments'
+    dtype, in-backward updates, checkpointing: a tighter limit may make the plan pick others), bit for bit; a run
+    past its time limit fails the test instead of hanging it."""
+    import os
+    import random
+    import subprocess
+    import sys
+    rng = random.Random(7)
+
+    def run(host, disk, tag, pin="-"):
+        out = tmp_path / f"w_{tag}.pt"
+        try:
+            r = subprocess.run([sys.executable, "-c", _RANDOM_LIMITS, host, disk, pin], capture_output=True, text=True,
+                               timeout=240, env=dict(os.environ, OUTFILE=str(out), STARPU_SILENT="1"))
+        except subprocess.TimeoutExpired as e:
+            pytest.fail(f"host limit {host}, disk {disk}: no end within 240 s: {(e.stderr or b'')[-1500:]!r}")
+        assert r.returncode == 0, r.stderr[-3000:]
+        return (torch.load(out) if "trained" in r.stdout else None), r.stdout
+    references = {}
+    for i in range(3):
+        disk = "-"
+        if i % 2 == 0:
+            disk = str(tmp_path / f"disk{i}")
+            os.makedirs(disk)
+        host = f"{rng.choice([8, 12, 16, 24, 48])}MiB"
+        w, out = run(host, disk, i)
+        if w is None:
+            assert "infeasible" in out
+            continue
+        pin = out.split("pin")[1].split()[0]
+        if pin not in references:
+            references[pin], _ = run("4GiB", "-", f"ref{i}", pin)
+        assert torch.equal(w, references[pin]), (host, disk, pin)
