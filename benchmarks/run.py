@@ -8,8 +8,9 @@ the same model, data, batch, sequence length and precision, each attempt in its 
 
 Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:offload+ckpt):
   torch      eager; variants plain, ckpt (activation checkpointing)
-  nntile     nntile_torch.convert + nntile_torch.optim.AdamW; variants plain, ckpt, stepbwd (AdamW in backward),
-             bf16state (bf16 moments), offload (--offload-fraction of the weights updated on CPU workers)
+  nntile     nntile_torch.convert + nntile_torch.optim.AdamW; plain: the memory plan (nt.plan) picks every setting;
+             by hand instead: ckpt, stepbwd (AdamW in backward), bf16state (bf16 moments), offload
+             (--offload-fraction of the weights updated on CPU workers), noplan (nntile's defaults, no plan)
   fsdp       FSDP1 FULL_SHARD per GPT2Block; variants plain, offload (CPUOffload(offload_params=True)), ckpt
   fsdp2      fully_shard per GPT2Block + root; variants plain, offload (CPUOffloadPolicy), ckpt
   deepspeed  ZeRO-3; variants offload (params + optimizer to CPU, the default), nvme (to --nvme-path),
@@ -53,7 +54,8 @@ VARIANTS = {
     "torch": ({"ckpt"}, ""),
     # stepbwd: AdamW(step_in_backward=True), gradients never all held; bf16state: AdamW(state_dtype=bfloat16)
     # offload: AdamW(offload=--offload-fraction), those updates on CPU workers with their state in host RAM
-    "nntile": ({"ckpt", "stepbwd", "bf16state", "offload"}, ""),
+    # no flag: the memory plan (nt.plan) chooses; noplan: nntile's defaults without a plan
+    "nntile": ({"ckpt", "stepbwd", "bf16state", "offload", "noplan"}, ""),
     "fsdp": ({"offload", "ckpt"}, ""),
     "fsdp2": ({"offload", "ckpt"}, ""),
     "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),

@@ -25,6 +25,10 @@ import torch
 from benchmarks.configs import hf_config
 
 
+# nntile variant flags that set things by hand (no memory plan); none: nt.plan() chooses. noplan: nntile's defaults.
+MANUAL_NNTILE_FLAGS = {"ckpt", "stepbwd", "bf16state", "offload", "noplan"}
+
+
 class Unavailable(Exception):
     """The backend cannot run here (missing package, no GPU for an offload, ...): recorded, not an error."""
 
@@ -186,9 +190,26 @@ def setup_nntile(spec, cuda, rank, world):
         ncpus = nt.config.cpu_workers_beside_gpus()
     if o["disk_path"]:  # the harness's folder to make (the library asks for an existing one)
         os.makedirs(o["disk_path"], exist_ok=True)
+    # Without variant flags the memory plan chooses (docs/memory_plan.md): checkpointing, moments' dtype, updates
+    # inside backward, the blocks kept in host RAM and their CPU workers. Any flag means the settings by hand.
+    plan = None
+    if not set(spec["flags"]) & MANUAL_NNTILE_FLAGS:
+        import transformers
+        with torch.device("meta"):
+            shape_only = transformers.GPT2LMHeadModel(hf_config(spec["config"], spec["seq"]))
+        plan = nt.plan(shape_only, spec["batch"], spec["seq"], spec["precision"],
+                       gpu_memory=o["cuda_memory_limit"] if cuda else None, host_memory=o["host_memory_limit"],
+                       disk_limit=o["disk_limit"] if o["disk_path"] else None)
+        print(plan, flush=True)
+        del shape_only
+        if ncpus is None and cuda:
+            ncpus = plan.init_kwargs().get("ncpus")
+    window = o.get("max_submitted_tasks")
+    if window is None and plan is not None:
+        window = plan.init_kwargs().get("max_submitted_tasks")
     nt.init(ncpus=ncpus, ncuda=o["ncuda"] if cuda else 0, cuda_memory_limit=o["cuda_memory_limit"],
             host_memory_limit=o["host_memory_limit"], disk_path=o["disk_path"], disk_limit=o["disk_limit"],
-            scheduler=o["scheduler"], max_submitted_tasks=o.get("max_submitted_tasks"))
+            scheduler=o["scheduler"], max_submitted_tasks=window)
     dev0 = init_device(spec, cuda)
     if spec["init_device"] == "meta" or (spec["init_device"] == "auto" and cuda and 4 * spec["params"] > 0.2 * (
             torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)):
@@ -201,17 +222,20 @@ def setup_nntile(spec, cuda, rank, world):
     btile = o["batch_tile_size"] or nt.config.rows_per_tile(spec["batch"], spec["seq"], cuda,
                                                             nt.runtime.num_places())
     dense = build_model(spec, dev0)
-    kw = dict(precision=spec["precision"], tile_size=tile, batch_tile_size=btile)
+    kw = dict(precision=spec["precision"], tile_size=tile, batch_tile_size=btile, plan=plan)
     if dev0 == "meta":
         kw.update(init=hf_init(dense), init_device=device)
     model = nt.convert(dense, **kw)
     if cuda:
         torch.cuda.empty_cache()  # the dense weights are gone; give their memory back to the device
     counted = sum(p.numel() for p in model.parameters())
-    opt = nt.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"],
-                         step_in_backward="stepbwd" in spec["flags"],
-                         state_dtype=torch.bfloat16 if "bf16state" in spec["flags"] else torch.float32,
-                         offload=o.get("offload_fraction", 1.0) if "offload" in spec["flags"] else None)
+    if plan is not None:
+        opt = nt.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"], plan=plan)
+    else:
+        opt = nt.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"],
+                             step_in_backward="stepbwd" in spec["flags"],
+                             state_dtype=torch.bfloat16 if "bf16state" in spec["flags"] else torch.float32,
+                             offload=o.get("offload_fraction", 1.0) if "offload" in spec["flags"] else None)
 
     def step(ids):
         opt.zero_grad()
@@ -230,7 +254,7 @@ def setup_nntile(spec, cuda, rank, world):
            "starpu": info.get("starpu_version"), "scheduler": info.get("scheduler"), "workers": info.get("workers"),
            "memory_nodes": info.get("memory_nodes"), "cuda_memory_split": info.get("cuda_memory_split"),
            "nntile_settings": info.get("settings"), "submission_window": info.get("submission_window"),
-           "params_counted": counted, "_stats": nt.stats}
+           "params_counted": counted, "_stats": nt.stats, "plan": plan.summary() if plan is not None else None}
     gpus = (info.get("workers") or {}).get("cuda", 0) if cuda else 0
     return step, sync, env, gpus, device
 

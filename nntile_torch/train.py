@@ -55,6 +55,11 @@ def parse_args(argv=None):
     ap.add_argument("--offload", type=float, default=0.0,
                     help="share of the weights (0-1) whose AdamW runs on CPU workers with master weights and states "
                          "in host RAM (AdamW(offload=...)); with a GPU, the other cores become CPU workers")
+    ap.add_argument("--no-plan", action="store_true",
+                    help="no memory plan: without --step-in-backward, --bf16-adam-state or --offload the plan "
+                         "(nt.plan, docs/memory_plan.md) picks those, activation checkpointing and the blocks kept "
+                         "in host RAM from the model, the batch and the memory; it stops before step 1 when the "
+                         "model fits nowhere")
     ap.add_argument("--warmup", type=int, default=20, help="linear learning-rate warm-up steps")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--tile-size", type=int,
@@ -210,19 +215,36 @@ def main(argv=None):
     ncpus = None
     if args.offload and device == "cuda":  # the offloaded updates run on CPU workers: all cores but the GPUs'
         ncpus = nt.config.cpu_workers_beside_gpus()
-    nt.init(ncpus=ncpus, cuda_memory_limit=args.cuda_memory_limit, host_memory_limit=args.host_memory_limit,
-            max_submitted_tasks=args.max_submitted_tasks)
     ref = build_model(args, device)
+    plan = None
+    if not (args.no_plan or args.step_in_backward or args.bf16_adam_state or args.offload):
+        try:
+            plan = nt.plan(ref, args.batch, args.seq, args.precision,
+                           gpu_memory=args.cuda_memory_limit if device == "cuda" else None,
+                           host_memory=args.host_memory_limit)
+        except nt.InsufficientMemoryError as e:
+            raise SystemExit(f"nntile_torch.train: {e}")
+        ncpus = plan.init_kwargs().get("ncpus") if device == "cuda" else None
+        if plan.beyond_gpu or plan.checkpointing:
+            print(plan, flush=True)
+    window = args.max_submitted_tasks
+    if window is None and plan is not None:
+        window = plan.init_kwargs().get("max_submitted_tasks")
+    nt.init(ncpus=ncpus, cuda_memory_limit=args.cuda_memory_limit, host_memory_limit=args.host_memory_limit,
+            max_submitted_tasks=window)
     torch_model = copy.deepcopy(ref) if args.compare_torch else None
     fp64_model = copy.deepcopy(ref).double() if args.compare_fp64 else None
     width = ref.config.n_embd
     model = nt.convert(ref, precision=args.precision, tile_size=args.tile_size or max(1024, 3 * width),
                        batch_tile_size=args.batch_tile_size or nt.config.rows_per_tile(
-                           args.batch, args.seq, device == "cuda", nt.runtime.num_places()))
-    opt = nt.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                         step_in_backward=args.step_in_backward,
-                         state_dtype=torch.bfloat16 if args.bf16_adam_state else torch.float32,
-                         offload=args.offload or None)
+                           args.batch, args.seq, device == "cuda", nt.runtime.num_places()), plan=plan)
+    if plan is not None:
+        opt = nt.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, plan=plan)
+    else:
+        opt = nt.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                             step_in_backward=args.step_in_backward,
+                             state_dtype=torch.bfloat16 if args.bf16_adam_state else torch.float32,
+                             offload=args.offload or None)
     references = []  # (log key, model, loss function, optimizer): unconverted models trained on the same batches
     for key, ref_model, loss_fn in (("torch_loss", torch_model, hf_loss), ("fp64_loss", fp64_model, float64_loss)):
         if ref_model is not None:
