@@ -107,13 +107,14 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
     ensure_init()
     kw = dict(tile_size=tile_size, batch_tile_size=batch_tile_size, precision=precision)
     swapped = {}  # id(old parameter) -> new parameter
-    swaps = []
+    swaps, names = [], {}
     for name, m in model.named_modules():
         for cname, child in m.named_children():
             full = f"{name}.{cname}" if name else cname
             if _swappable(child, tile_size):
                 _check_dense_float32(full, child)
                 swaps.append((m, cname, child))
+                names.setdefault(id(child), full)
     _check_meta(model, swaps, init)
     meta_plan = any(p.is_meta for _, _, m in swaps for p in m.parameters(recurse=False))
     home = _home_device(init_device) if meta_plan else None  # only meta modules need one
@@ -127,6 +128,10 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
         meta = any(p.is_meta for p in old.parameters(recurse=False))
         if meta and any(i not in swapped for i in ids.values()):
             _materialize(old, init, home)
+            if plan is not None and plan.beyond_gpu:
+                # Written from where the plan keeps it: host blocks from host RAM, the rest from the GPU, so that
+                # host RAM holds no build-time copy of the GPU's tiles (StarPU 1.3.10 keeps a buffer once written).
+                old.to("cpu" if plan.in_host_ram(names[id(old)]) else home)
         with no_init():  # every parameter is written from `old` below
             new = _swap(old, kw, home if meta else None)
         if {n for n, _ in new.named_parameters(recurse=False)} - {n for n, _ in old.named_parameters(recurse=False)}:

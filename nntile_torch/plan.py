@@ -132,7 +132,7 @@ class Rates:
     gemm_flops_fp32: float = 50e12
     per_layer_token_width_s: float = 2.6e-10  # everything else on the GPU per (layer x token x width)
     pcie_bytes_s: float = 48e9  # each direction, pinned, 4 MiB+ transfers
-    host_update_bytes_s: float = 60e9  # CPU AdamW over the host blocks, all CPU workers
+    host_update_bytes_s: float = 25e9  # CPU AdamW over the host blocks, all CPU workers (bound: 13B batch 32)
     disk_bytes_s: float = 2e9
 
     def gemm(self, precision):
@@ -208,6 +208,14 @@ class MemoryPlan:
     def host_parameter_names(self):
         first = self.facts.n_layer - self.host_blocks
         return [p.name for p in self.facts.params if p.block >= first and self.host_blocks]
+
+    def in_host_ram(self, module_name):
+        """Whether the module of that name (as model.named_modules() gives it) belongs to a host block."""
+        first = self.facts.n_layer - self.host_blocks
+        path = self.facts.blocks_path
+        if not self.host_blocks or not path or not module_name.startswith(path + "."):
+            return False
+        return int(module_name[len(path) + 1:].split(".", 1)[0]) >= first
 
     @property
     def submission_window(self):
