@@ -109,8 +109,8 @@ def model_facts(model):
 # LayerNorm's input, each matmul's input (bf16 in bf16 mode), qkv and the attention output, GELU's input. The peak
 # comes either at the head's backward (logits, their gradient and its bf16 copy beside every block's kept tensors)
 # or inside one block's backward (its gradients, and with checkpointing its recomputed tensors), not both: the
-# larger of the two counts. Against the H200's 13B at batch 32 (checkpointing): 40.4 GiB planned, 38.7 measured
-# (peak tiles less the persistent ones); on the CPU's tests within 35% (tests/test_plan.py).
+# larger of the two counts. Against the H200's 13B at batch 32 (checkpointing): 41.9 GiB planned, 38.7 measured
+# (peak tiles less the persistent ones, gradients in flight included); the CPU's tests within 35% (test_plan.py).
 
 def activation_bytes(facts, batch, seq, precision, checkpointing):
     c, f, v, L = facts.width, facts.inner, facts.vocab, facts.n_layer
@@ -132,7 +132,7 @@ class Rates:
     gemm_flops_fp32: float = 50e12
     per_layer_token_width_s: float = 2.6e-10  # everything else on the GPU per (layer x token x width)
     pcie_bytes_s: float = 48e9  # each direction, pinned, 4 MiB+ transfers
-    host_update_bytes_s: float = 25e9  # CPU AdamW over the host blocks, all CPU workers (bound: 13B batch 32)
+    host_update_bytes_s: float = 25e9  # CPU AdamW + bf16 copy of the host blocks, 14 CPU workers (20B batch 16)
     disk_bytes_s: float = 2e9
 
     def gemm(self, precision):
@@ -148,7 +148,7 @@ def _cpu_rates():
 @dataclasses.dataclass
 class Capacity:
     gpu_bytes: int  # StarPU's limit on one GPU (0: no GPU)
-    host_bytes: int  # StarPU's host-RAM limit (None-like 0: unlimited is given as the machine's RAM)
+    host_bytes: int  # StarPU's host-RAM limit (without one: what nt.init would set with GPUs)
     disk_bytes: int = 0
     gpus: int = 0
     cpu_workers: int = 1
