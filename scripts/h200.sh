@@ -5,9 +5,9 @@
 # plans in BENCH_ARGS).
 # Logs go to $OUT.
 #   bash scripts/h200.sh tests gemm
-# STARPU_VERSION=1.4 runs the same steps on StarPU 1.4.10 (carried in .carry/starpu14) instead of 1.3.10: logs under
-# $OUT/starpu14, its own STARPU_HOME (kernel models seeded from the carried 1.3.10 home: the same file format, 45;
-# the bus is calibrated again) and prebuilt extension key. An A/B in one call:
+# STARPU_VERSION=1.4 runs the same steps on StarPU 1.4.10 (carried in .carry/starpu14) instead of 1.3.10: logs
+# under $OUT/starpu14, its own STARPU_HOME (kernel models seeded from the carried 1.3.10 home, the same file format,
+# 45; no bus figures, so 1.4 calibrates the bus) and prebuilt extension key. An A/B in one call:
 #   bash scripts/h200.sh bench; STARPU_VERSION=1.4 bash scripts/h200.sh bench
 # Prepare the carry here first: bash scripts/prepare_carry.sh
 set -uo pipefail
@@ -36,7 +36,8 @@ if [ -z "$tag" ]; then
 elif [ -d ".carry/starpu_home_$tag" ]; then
   cp -a ".carry/starpu_home_$tag/." "$STARPU_HOME/"
 elif [ -d .carry/starpu_home/.starpu/sampling/codelets ]; then
-  mkdir -p "$STARPU_HOME/.starpu/sampling" && cp -a .carry/starpu_home/.starpu/sampling/codelets "$STARPU_HOME/.starpu/sampling/"
+  mkdir -p "$STARPU_HOME/.starpu/sampling"
+  cp -a .carry/starpu_home/.starpu/sampling/codelets "$STARPU_HOME/.starpu/sampling/"
 fi
 t0=$(date +%s)
 # The extension built by an earlier call comes back under $OUT/prebuilt/<key> (debug info stripped: ~1 MB);
