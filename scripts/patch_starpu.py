@@ -1,4 +1,4 @@
-"""Patches StarPU's sources, 1.3.10 or 1.4.x (the series is read from the tree's STARPU-VERSION):
+"""Patches StarPU's sources, 1.3.10 or 1.4.10 (the series is read from the tree's STARPU-VERSION):
 1. its CUDA driver for CUDA 13, which removed cudaDeviceProp::computeMode (both series) and, in 1.3.10, the
    legacy cublas.h API next to cublas_v2.h (1.4 keeps the two in separate files and builds unchanged);
 2. the size of host RAM as a memory node: StarPU takes hwloc's total of the NUMA nodes, which on virtual machines
@@ -10,8 +10,8 @@
    environment variable is set to 1 when StarPU starts, so that one StarPU build runs both sides of an A/B:
    NNTILE_DROP_HOST_COPIES: a host-RAM buffer of a tile registered without a home node is freed when host memory
    runs short and another node holds the tile's value (1.3.10 and 1.4.10 free one only towards a disk node, so
-   host RAM held every tile that was ever there); and an eviction started while this thread is already evicting skips
-   tiles that would need a write-back (the allocation fails and is retried) instead of nesting without bound.
+   host RAM held every tile that was ever there); and an eviction started while this thread is already evicting
+   skips tiles that would need a write-back (the allocation fails and is retried) instead of nesting without bound.
    NNTILE_EVICT_WONT_USE_FIRST: starpu_data_wont_use() puts a home-less tile first in its node's eviction order
    (1.3.10 and 1.4.10 do so only for tiles with a home node): AdamW marks the moments (and fp32 weights with a
    bf16 copy) it has just updated, which in a training step's cyclic sweep are the tiles needed last.
