@@ -1,5 +1,6 @@
 """Builds nntile_torch._C with torch's cpp_extension: CUDA sources when torch has CUDA and nvcc exists, a CPU-only
-build otherwise. StarPU comes from pkg-config (starpu-1.3); scripts/install_starpu.sh installs it."""
+build otherwise. StarPU comes from pkg-config (starpu-1.3, or starpu-1.4 for a 1.4 prefix); scripts/install_starpu.sh
+installs it (STARPU_PREFIX: the prefix to build against, default /opt/nntile_torch/starpu-1.3.10)."""
 import glob
 import os
 import shutil
@@ -17,22 +18,35 @@ from torch.utils import cpp_extension  # noqa: E402
 DEFAULT_STARPU_PREFIX = "/opt/nntile_torch/starpu-1.3.10"
 
 
+def starpu_series(pc_dir):
+    """The prefix's StarPU series: "1.4" where starpu-1.4.pc is there (a 1.4 install also writes the older series'
+    .pc files), "1.3" where only starpu-1.3.pc is, None for no prefix (pkg-config then looks for 1.3, then 1.4)."""
+    for series in ("1.4", "1.3"):
+        if os.path.exists(os.path.join(pc_dir, f"starpu-{series}.pc")):
+            return series
+    return None
+
+
 def pkg_config(*args):
     env = dict(os.environ)
     prefix = os.environ.get("STARPU_PREFIX", DEFAULT_STARPU_PREFIX)
     default_pc = os.path.join(prefix, "lib", "pkgconfig")
-    if shutil.which("pkg-config") is None and os.path.exists(os.path.join(default_pc, "starpu-1.3.pc")):
+    series = starpu_series(default_pc)
+    if shutil.which("pkg-config") is None and series:
         # No pkg-config on this machine (the GPU box has none): the prefix's layout is known.
-        return {"--cflags-only-I": ["-I" + os.path.join(prefix, "include", "starpu", "1.3")],
+        return {"--cflags-only-I": ["-I" + os.path.join(prefix, "include", "starpu", series)],
                 "--libs-only-L": ["-L" + os.path.join(prefix, "lib")],
-                "--libs-only-l": ["-lstarpu-1.3"]}[args[0]]
+                "--libs-only-l": [f"-lstarpu-{series}"]}[args[0]]
     env["PKG_CONFIG_PATH"] = ":".join(p for p in (env.get("PKG_CONFIG_PATH", ""), default_pc) if p)
-    try:
-        return subprocess.check_output(["pkg-config", *args, "starpu-1.3"], env=env, text=True).split()
-    except (OSError, subprocess.CalledProcessError):
-        raise SystemExit(
-            "nntile_torch: StarPU 1.3 not found by pkg-config. Run scripts/install_starpu.sh, or add the directory "
-            "holding starpu-1.3.pc to PKG_CONFIG_PATH (searched: %s)" % env["PKG_CONFIG_PATH"])
+    for name in [f"starpu-{series}"] if series else ["starpu-1.3", "starpu-1.4"]:
+        try:
+            return subprocess.check_output(["pkg-config", *args, name], env=env, text=True,
+                                           stderr=subprocess.DEVNULL).split()
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    raise SystemExit(
+        "nntile_torch: StarPU 1.3 or 1.4 not found by pkg-config. Run scripts/install_starpu.sh, or add the "
+        "directory holding starpu-1.3.pc (or starpu-1.4.pc) to PKG_CONFIG_PATH (searched: %s)" % env["PKG_CONFIG_PATH"])
 
 
 def want_cuda():

@@ -5,25 +5,46 @@
 # plans in BENCH_ARGS).
 # Logs go to $OUT.
 #   bash scripts/h200.sh tests gemm
+# STARPU_VERSION=1.4 runs the same steps on StarPU 1.4.10 (carried in .carry/starpu14) instead of 1.3.10: logs
+# under $OUT/starpu14, its own STARPU_HOME (kernel models seeded from the carried 1.3.10 home, the same file format,
+# 45; no bus figures, so 1.4 calibrates the bus) and prebuilt extension key. An A/B in one call:
+#   bash scripts/h200.sh bench; STARPU_VERSION=1.4 bash scripts/h200.sh bench
 # Prepare the carry here first: bash scripts/prepare_carry.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/nntile_out}
+case ${STARPU_VERSION:-1.3.10} in
+  1.3.10) prefix=/opt/nntile_torch/starpu-1.3.10 carried=.carry/starpu tag="" ;;
+  1.4|1.4.10) prefix=/opt/nntile_torch/starpu-1.4.10 carried=.carry/starpu14 tag=starpu14 ;;
+  *) echo "STARPU_VERSION must be 1.3.10 or 1.4 (got $STARPU_VERSION)"; exit 2 ;;
+esac
+prebuilt_out=$OUT/prebuilt  # one folder for the extensions built against either StarPU (their keys differ)
+[ -n "$tag" ] && OUT=$OUT/$tag
 mkdir -p "$OUT"
-prefix=/opt/nntile_torch/starpu-1.3.10
-if [ -d .carry/starpu ] && [ ! -f "$prefix/.nntile_build" ]; then
-  mkdir -p "$(dirname "$prefix")" && cp -a .carry/starpu "$prefix"
+if [ -d "$carried" ] && [ ! -f "$prefix/.nntile_build" ]; then
+  mkdir -p "$(dirname "$prefix")" && cp -a "$carried" "$prefix"
 fi
+[ -f "$prefix/.nntile_build" ] || { echo "no StarPU in $prefix (carry $carried: scripts/prepare_carry.sh)"; exit 1; }
+echo "StarPU: $prefix ($(cat "$prefix/.nntile_build"))"
+export STARPU_PREFIX=$prefix  # setup.py builds against it
 export LD_LIBRARY_PATH=$prefix/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export STARPU_HOME=$PWD/.starpu_home PYTHONUNBUFFERED=1
+export STARPU_HOME=$PWD/.starpu_home${tag:+_$tag} PYTHONUNBUFFERED=1
 # the commit the records name (this copy of the tree may carry a .git of an older commit): benchmarks/run.py
 [ -f .carry/code_commit ] && export BENCH_CODE_COMMIT=$(cat .carry/code_commit)
 mkdir -p "$STARPU_HOME"
-[ -d .carry/starpu_home ] && cp -a .carry/starpu_home/. "$STARPU_HOME/"
+if [ -z "$tag" ]; then
+  [ -d .carry/starpu_home ] && cp -a .carry/starpu_home/. "$STARPU_HOME/"
+elif [ -d ".carry/starpu_home_$tag" ]; then
+  cp -a ".carry/starpu_home_$tag/." "$STARPU_HOME/"
+elif [ -d .carry/starpu_home/.starpu/sampling/codelets ]; then
+  mkdir -p "$STARPU_HOME/.starpu/sampling"
+  cp -a .carry/starpu_home/.starpu/sampling/codelets "$STARPU_HOME/.starpu/sampling/"
+fi
 t0=$(date +%s)
 # The extension built by an earlier call comes back under $OUT/prebuilt/<key> (debug info stripped: ~1 MB);
 # scripts/prepare_carry.sh puts it in .carry/prebuilt, and a call whose sources and torch match skips the build.
 key=$( (find csrc -type f -print0 | sort -z | xargs -0 cat; cat setup.py;
-        python3 -c "import sys, torch; print(torch.__version__, sys.version)") | sha256sum | cut -c1-16)
+        python3 -c "import sys, torch; print(torch.__version__, sys.version)"
+        [ -n "$tag" ] && cat "$prefix/.nntile_build") | sha256sum | cut -c1-16)  # 1.3.10's keys as before
 so=$(python3 -c "import sysconfig; print('_C' + sysconfig.get_config_var('EXT_SUFFIX'))")
 if [ -f ".carry/prebuilt/$key/$so" ]; then
   cp ".carry/prebuilt/$key/$so" "nntile_torch/$so"
@@ -32,7 +53,7 @@ else
   if ! MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1; then
     grep -m20 -B2 -A6 error "$OUT/build.log"; exit 1
   fi
-  mkdir -p "$OUT/prebuilt/$key" && strip --strip-debug -o "$OUT/prebuilt/$key/$so" "nntile_torch/$so"
+  mkdir -p "$prebuilt_out/$key" && strip --strip-debug -o "$prebuilt_out/$key/$so" "nntile_torch/$so"
   echo "build: $(( $(date +%s) - t0 )) s (kept as prebuilt $key)"
 fi
 # "A=1 B=2 --x y" -> envs=(A=1 B=2), words=(--x y): a run's own environment settings, then its arguments.
@@ -133,7 +154,7 @@ print('async_io compatible:', b.is_compatible(verbose=True)); b.load()" >"$OUT/d
         timeout 300 python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
           >"$OUT/ds_cpu_adam.log" 2>&1; echo "DeepSpeedCPUAdam build: rc=$?, $(( $(date +%s) - t1 )) s" | tee -a "$OUT/bench.log"
       fi
-      bdir=/tmp/bench; rc=0; end=$(( $(date +%s) + ${BENCH_BUDGET:-420} ))  # seconds for all plans together
+      bdir=/tmp/bench${tag:+_$tag}; rc=0; end=$(( $(date +%s) + ${BENCH_BUDGET:-420} ))  # seconds for all plans together
       args=${BENCH_ARGS:---backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024}
       if [[ $args == @* ]]; then  # @file: one plan per line, '#' comments (benchmarks/plans/)
         args=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "${args#@}" | paste -sd';')

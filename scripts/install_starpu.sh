@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# Builds StarPU 1.3.10 from Debian's source package into a fixed prefix outside the repo (with CUDA when
-# nvcc exists). Idempotent: a second run only checks the prefix and returns in seconds.
-#   STARPU_PREFIX   where to install (default /opt/nntile_torch/starpu-1.3.10)
+# Builds StarPU from Debian's source package into a fixed prefix outside the repo (with CUDA when nvcc exists).
+# Idempotent: a second run only checks the prefix and returns in seconds.
+#   STARPU_VERSION  1.3.10 (default: the release this project is built and tested on, Debian 12's) or 1.4
+#                   (= 1.4.10, Debian sid's; trixie lists 1.4.7 but the archive no longer serves its files), for an
+#                   A/B of the two series (docs/starpu_versions.md)
+#   STARPU_PREFIX   where to install (default /opt/nntile_torch/starpu-<version>, e.g. starpu-1.3.10)
 #   STARPU_SRC      an already unpacked source tree to build instead of fetching one (e.g. on the GPU box)
 #   STARPU_JOBS     make -j (default: all cores)
 set -euo pipefail
 
-prefix=${STARPU_PREFIX:-/opt/nntile_torch/starpu-1.3.10}
-version=1.3.10+dfsg-2
+case ${STARPU_VERSION:-1.3.10} in
+  1.3.10) release=1.3.10 version=1.3.10+dfsg-2 suite=bookworm sources=nntile-starpu-src ;;
+  1.4|1.4.10) release=1.4.10 version=1.4.10+dfsg-2 suite=sid sources=nntile-starpu14-src ;;
+  *) echo "error: STARPU_VERSION must be 1.3.10 or 1.4 (got ${STARPU_VERSION})" >&2; exit 1 ;;
+esac
+series=${release%.*}  # 1.3 or 1.4: the name of the library and of its pkg-config file
+prefix=${STARPU_PREFIX:-/opt/nntile_torch/starpu-$release}
 here=$(cd "$(dirname "$0")" && pwd)
 
 nvcc_bin=$(command -v nvcc || true)
@@ -16,8 +24,9 @@ want_cuda=no; [ -n "$nvcc_bin" ] && want_cuda=yes
 
 # What the build was made with; a prefix built otherwise (or by an older version of this script) is rebuilt.
 build_id="cuda=$want_cuda maxcpus=128 maxcudadev=8 v4"  # v3: host memory size; v4: eviction settings (scripts/patch_starpu.py)
+[ "$release" != 1.3.10 ] && build_id="starpu=$release $build_id"
 stamp="$prefix/.nntile_build"
-if [ -f "$stamp" ] && grep -qx "$build_id" "$stamp" && [ -f "$prefix/lib/pkgconfig/starpu-1.3.pc" ]; then
+if [ -f "$stamp" ] && grep -qx "$build_id" "$stamp" && [ -f "$prefix/lib/pkgconfig/starpu-$series.pc" ]; then
   echo "StarPU already installed in $prefix ($build_id)"
   exit 0
 fi
@@ -25,12 +34,13 @@ fi
 sudo=""; [ "$(id -u)" != 0 ] && sudo=sudo
 if [ -z "${STARPU_SRC:-}" ]; then
   if command -v apt-get >/dev/null; then
-    # Source lines for bookworm: 1.3.10 is the release this project is built and tested on (Debian 12 and 13).
+    # Source lines for the suite that carries the release: bookworm's 1.3.10 is the release this project is built
+    # and tested on (Debian 12 and 13); sid's 1.4.10 the alternative. Source lines only: no binary comes from sid.
     if ! apt-cache showsrc starpu 2>/dev/null | grep -qx "Version: $version"; then
-      $sudo tee /etc/apt/sources.list.d/nntile-starpu-src.sources >/dev/null <<'SRC'
+      $sudo tee "/etc/apt/sources.list.d/$sources.sources" >/dev/null <<SRC
 Types: deb-src
 URIs: http://deb.debian.org/debian
-Suites: bookworm
+Suites: $suite
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
@@ -41,8 +51,8 @@ SRC
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
   (cd "$work" && apt-get source -qq "starpu=$version" >/dev/null 2>&1) || {
-    echo "error: could not fetch Debian's source package starpu=$version (deb-src for bookworm needed)" >&2; exit 1; }
-  src=$(ls -d "$work"/starpu-1.3.10*/ | head -1)
+    echo "error: could not fetch Debian's source package starpu=$version (deb-src for $suite needed)" >&2; exit 1; }
+  src=$(ls -d "$work"/starpu-"$release"*/ | head -1)
 else
   src=$STARPU_SRC
 fi
@@ -66,6 +76,9 @@ else
 fi
 # configure would size the worker table to this machine's cores; the GPU boxes have 16 to 128.
 cuda_flags+=(--enable-maxcpus=128)
+# 1.4's new parts, off like the others: the Python interface (built when Python's headers are found) and the
+# HIP driver (probed when CUDA is off)
+[ "$series" = 1.4 ] && cuda_flags+=(--disable-starpupy --disable-hip)
 
 cd "$src"
 ./configure --prefix="$prefix" "${cuda_flags[@]}" \

@@ -1,23 +1,30 @@
-"""Patches StarPU 1.3.10's sources:
-1. its CUDA driver for CUDA 13, which removed cudaDeviceProp::computeMode and the legacy cublas.h API;
+"""Patches StarPU's sources, 1.3.10 or 1.4.10 (the series is read from the tree's STARPU-VERSION):
+1. its CUDA driver for CUDA 13, which removed cudaDeviceProp::computeMode (both series) and, in 1.3.10, the
+   legacy cublas.h API next to cublas_v2.h (1.4 keeps the two in separate files and builds unchanged);
 2. the size of host RAM as a memory node: StarPU takes hwloc's total of the NUMA nodes, which on virtual machines
-   can miss much of the RAM (seen: NUMA node 0 reading 14 of a 24 GiB machine's RAM at start, the full 24.7 later), and then stalls once its
-   tiles in host RAM reach that figure (writing them, or evicting a full GPU into host RAM, waits forever).
+   can miss much of the RAM (seen: NUMA node 0 reading 14 of a 24 GiB machine's RAM at start, the full 24.7
+   later), and then stalls once its tiles in host RAM reach that figure (writing them, or evicting a full GPU
+   into host RAM, waits forever). 1.4.10 reads the size the same way (src/core/topology.c).
    The patched StarPU takes the larger of hwloc's total and the physical memory (sysconf).
 3. eviction, for models larger than the GPU (docs/DESIGN.md, "Beyond GPU memory"); each part is off unless its
    environment variable is set to 1 when StarPU starts, so that one StarPU build runs both sides of an A/B:
    NNTILE_DROP_HOST_COPIES: a host-RAM buffer of a tile registered without a home node is freed when host memory
-   runs short and another node holds the tile's value (1.3.10 frees one only towards a disk node, so host RAM
-   held every tile that was ever there); and an eviction started while this thread is already evicting skips
-   tiles that would need a write-back (the allocation fails and is retried) instead of nesting without bound.
+   runs short and another node holds the tile's value (1.3.10 and 1.4.10 free one only towards a disk node, so
+   host RAM held every tile that was ever there); and an eviction started while this thread is already evicting
+   skips tiles that would need a write-back (the allocation fails and is retried) instead of nesting without bound.
    NNTILE_EVICT_WONT_USE_FIRST: starpu_data_wont_use() puts a home-less tile first in its node's eviction order
-   (1.3.10 does so only for tiles with a home node): AdamW marks the moments (and fp32 weights with a bf16 copy)
-   it has just updated, which in a training step's cyclic sweep are the tiles needed last.
+   (1.3.10 and 1.4.10 do so only for tiles with a home node): AdamW marks the moments (and fp32 weights with a
+   bf16 copy) it has just updated, which in a training step's cyclic sweep are the tiles needed last.
 Idempotent: an already patched tree is left as it is."""
 import pathlib
 import sys
 
 root = pathlib.Path(sys.argv[1])
+# "1.3" or "1.4": where the two differ, memalloc.c's per-node lists moved into struct _starpu_node (1.4)
+series = next(line.split("=", 1)[1].strip() for line in (root / "STARPU-VERSION").read_text().splitlines()
+              if line.startswith("STARPU_EFFECTIVE_VERSION="))
+if series not in ("1.3", "1.4"):
+    sys.exit(f"patch_starpu: StarPU {series} is not a series this script knows (1.3, 1.4)")
 
 
 def patch(rel, pairs):
@@ -37,14 +44,15 @@ patch("src/drivers/cuda/driver_cuda.c", [(
     "({ int mode_ = 0; cudaDeviceGetAttribute(&mode_, cudaDevAttrComputeMode, devid); mode_; })"
     " == cudaComputeModeExclusive",
 )])
-patch("src/drivers/cuda/driver_cuda.h", [("#include <cublas.h>", "#include <cublas_v2.h>")])
-patch("src/drivers/cuda/starpu_cublas.c", [
-    ("#include <cublas.h>\n", "#include <cublas_v2.h>\n"),
-    ("cublasStatus cublasst = cublasInit();", "cublasStatus_t cublasst = CUBLAS_STATUS_SUCCESS;"),
-    ("\t\tcublasShutdown();", "\t\t;"),
-    ("cublasSetKernelStream(starpu_cuda_get_local_stream());",
-     "cublasSetStream(cublas_handles[starpu_worker_get_id_check()], starpu_cuda_get_local_stream());"),
-])
+if series == "1.3":
+    patch("src/drivers/cuda/driver_cuda.h", [("#include <cublas.h>", "#include <cublas_v2.h>")])
+    patch("src/drivers/cuda/starpu_cublas.c", [
+        ("#include <cublas.h>\n", "#include <cublas_v2.h>\n"),
+        ("cublasStatus cublasst = cublasInit();", "cublasStatus_t cublasst = CUBLAS_STATUS_SUCCESS;"),
+        ("\t\tcublasShutdown();", "\t\t;"),
+        ("cublasSetKernelStream(starpu_cuda_get_local_stream());",
+         "cublasSetStream(cublas_handles[starpu_worker_get_id_check()], starpu_cuda_get_local_stream());"),
+    ])
 patch("src/core/topology.c", [(
     "global_mem = hwloc_get_root_obj(topology->hwtopology)->total_memory;",
     "global_mem = (size_t) hwloc_get_root_obj(topology->hwtopology)->total_memory;"
@@ -54,10 +62,19 @@ patch("src/core/topology.c", [(
     " global_mem = (size_t) pages_ * (size_t) page_; }",
 )])
 
-# 3. Eviction (memalloc.c). Settings read once, at first use.
+# 3. Eviction (memalloc.c). Settings read once, at first use. The node's chunk list, its counters and its first
+# dirty chunk: arrays indexed by node in 1.3, fields of the node's struct in 1.4.
+if series == "1.3":
+    settings_after = "static struct _starpu_spinlock mc_lock[STARPU_MAXNODES];\n"
+    lst, nb, clean_nb, dirty_head, erase = "&mc_list[node]", "mc_nb[node]", "mc_clean_nb[node]", \
+        "mc_dirty_head[node]", "MC_LIST_ERASE(node, mc);"
+else:
+    settings_after = "static int limit_cpu_mem;\n"
+    lst, nb, clean_nb, dirty_head, erase = "&node_struct->mc_list", "node_struct->mc_nb", \
+        "node_struct->mc_clean_nb", "node_struct->mc_dirty_head", "MC_LIST_ERASE(node_struct, mc);"
 patch("src/datawizard/memalloc.c", [
-    ("static struct _starpu_spinlock mc_lock[STARPU_MAXNODES];\n",
-     "static struct _starpu_spinlock mc_lock[STARPU_MAXNODES];\n"
+    (settings_after,
+     settings_after +
      "/* nntile_torch: eviction settings (scripts/patch_starpu.py) */\n"
      "static int nntile_setting(const char *name, int *cached)\n"
      "{\n\tif (*cached < 0) *cached = starpu_get_env_number_default(name, 0) > 0;\n\treturn *cached;\n}\n"
@@ -97,11 +114,11 @@ patch("src/datawizard/memalloc.c", [
      "\telse if (mc->data && !mc->remove_notify && NNTILE_EVICT_WONT_USE_FIRST())\n"
      "\t{\n"
      "\t\t/* nntile_torch: home-less tile, evicted first (most recently updated first) */\n"
-     "\t\tMC_LIST_ERASE(node, mc);\n"
-     "\t\t_starpu_mem_chunk_list_push_front(&mc_list[node], mc);\n"
-     "\t\tmc_nb[node]++;\n"
-     "\t\tif (mc->clean || mc->home)\n\t\t\tmc_clean_nb[node]++;\n"
-     "\t\telse\n\t\t\tmc_dirty_head[node] = mc; /* nothing before it is dirty */\n"
+     f"\t\t{erase}\n"
+     f"\t\t_starpu_mem_chunk_list_push_front({lst}, mc);\n"
+     f"\t\t{nb}++;\n"
+     f"\t\tif (mc->clean || mc->home)\n\t\t\t{clean_nb}++;\n"
+     f"\t\telse\n\t\t\t{dirty_head} = mc; /* nothing before it is dirty */\n"
      "\t}\n"),
 ])
-print("patched StarPU sources (CUDA 13, host memory size, eviction settings)")
+print(f"patched StarPU {series} sources (CUDA 13, host memory size, eviction settings)")

@@ -15,7 +15,7 @@ from nntile_torch.runtime import parse_bytes
 
 def test_info_describes_the_runtime():
     d = nt.info()
-    assert d["starpu_version"].startswith("1.3")
+    assert d["starpu_version"].startswith(("1.3.", "1.4."))  # 1.3.10, or 1.4.10 (docs/starpu_versions.md)
     assert d["workers"]["cpu"] + d["workers"]["cuda"] >= 1
     assert any(n["kind"] == "cpu" and n["total_bytes"] > 0 for n in d["memory_nodes"])
     assert isinstance(d["scheduler"], str) and d["scheduler"]
@@ -375,17 +375,20 @@ def test_a_task_stalling_past_the_watchdog_is_reported_with_memory_nodes():
 
 
 def test_host_memory_node_is_the_machines_ram():
-    """Without a host limit StarPU's host node has the machine's physical RAM. Unpatched StarPU 1.3.10 takes
-    hwloc's NUMA-node total, which on virtual machines can be far less (14 of 24 GiB on the CI machine at one time), and
-    then stalls once its tiles in host RAM reach it (scripts/patch_starpu.py)."""
+    """Without a host limit StarPU's host node has the machine's physical RAM (StarPU 1.4 keeps 10% of it back:
+    topology.c, "Don't eat all memory for ourself"). Unpatched StarPU takes hwloc's NUMA-node total, which on
+    virtual machines can be far less (14 of 24 GiB on the CI machine at one time), and then stalls once its tiles in
+    host RAM reach it (scripts/patch_starpu.py)."""
     import subprocess
     import sys
     code = ("import nntile_torch as nt\nnt.init(ncpus=1, ncuda=0)\n"
-            "print(nt.info()['memory_nodes'][0]['total_bytes'])\n")
+            "print(nt.info()['starpu_version'], nt.info()['memory_nodes'][0]['total_bytes'])\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
+    version, total = out.stdout.split()[-2:]
     physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    assert int(out.stdout.split()[-1]) >= physical, (out.stdout, physical)
+    expected = physical if version.startswith("1.3.") else int(physical * 0.9)  # 1.4: global_mem *= 0.9
+    assert int(total) >= expected, (out.stdout, physical)
 
 
 def test_host_tasks_nest_and_restore():
