@@ -235,11 +235,14 @@ class HostWait {
 };
 
 // Copies between a tile and a dense block, on `node` (main RAM or the GPU of `device`), with the tile acquired
-// in `mode`. GPU copies run on torch's current stream, synchronized before the tile is released.
+// in `mode`. GPU copies run on torch's current stream, synchronized before the tile is released. Returns whether
+// the acquisition had to wait for tasks still using the tile (writing into a tile that tasks read or write).
 template <class F>
-void with_tile(starpu_data_handle_t h, int node, starpu_data_access_mode mode, F &&f) {
+bool with_tile(starpu_data_handle_t h, int node, starpu_data_access_mode mode, F &&f) {
     KeepCudaDevice keep;  // acquiring may allocate the tile on a GPU from this thread
-    {
+    bool waited = false;
+    if (starpu_data_acquire_on_node_try(h, node, mode) != 0) {  // tasks before it: a blocking wait
+        waited = true;
         HostWait wait(node, mode == STARPU_W);
         NNTILE_STARPU_CHECK(starpu_data_acquire_on_node(h, node, mode), "acquiring a tile on node " << node);
     }
@@ -250,6 +253,7 @@ void with_tile(starpu_data_handle_t h, int node, starpu_data_access_mode mode, F
         throw;
     }
     starpu_data_release_on_node(h, node);
+    return waited;
 }
 
 // The dense sub-block that tile `index` covers.
@@ -410,14 +414,18 @@ void TileTensor::from_dense(const torch::Tensor &src) {
     } else {
         opts = opts.device(src.device());
     }
+    // A host wait when a tile is still used by tasks (a write into a live tensor, not into fresh tiles) or when
+    // torch's stream must be synchronized (a CUDA source): counted once per call, as to_dense is.
+    bool waited = src.is_cuda();
     for (int64_t t = 0; t < ntiles(); ++t) {
         auto ext = tile_extents(t);
         auto block = block_of(dense, tile_index(t), tile_shape_, ext);
-        with_tile(handles_[t], node, STARPU_W, [&](void *ptr) {
+        waited |= with_tile(handles_[t], node, STARPU_W, [&](void *ptr) {
             torch::from_blob(ptr, ext, opts).copy_(block);
             sync_torch_stream(dense);
         });
     }
+    if (waited) count_wait();
     bump_version();
 }
 
