@@ -7,7 +7,9 @@ from .runtime import (info, init, is_running, memory_advice, memory_nodes, memor
 from .tensor import TileTensor
 from . import nn, optim  # noqa: E402  (need the runtime and TileTensor)
 from .convert import convert  # noqa: E402
+from .report import ConvertReport, DenseFallbackError, convert_report  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["init", "shutdown", "info", "stats", "reset_peak_stats", "memory_nodes", "memory_nodes_report",
-           "memory_advice", "memory_summary", "synchronize", "is_running", "TileTensor", "nn", "optim", "convert"]
+           "memory_advice", "memory_summary", "synchronize", "is_running", "TileTensor", "nn", "optim", "convert",
+           "convert_report", "ConvertReport", "DenseFallbackError"]
