@@ -9,7 +9,8 @@ Recognized by what modules compute, not by a list of classes:
 - GELU in every form (nn.GELU, F.gelu in a module, the tanh formula written out: Hugging Face's
   NewGELUActivation, nanoGPT's new_gelu), found by running the module on a probe -> nntile_torch.nn.GELU;
 - nn.Embedding (default options, width within a tile; token or position table, tied to a converted linear layer
-  or not) -> nntile_torch.nn.Embedding; nn.Dropout -> nntile_torch.nn.Dropout (p = 0: nn.Identity);
+  or not) -> nntile_torch.nn.Embedding; nn.Dropout -> nntile_torch.nn.Dropout (p = 0 included: code reading
+  .p, as Hugging Face's attention does, still finds it);
 - attention: F.scaled_dot_product_attention on q, k, v split from one tiled matrix (nanoGPT's, Hugging Face's
   sdpa) runs as tile tasks wherever it is called; Hugging Face's GPT2Attention keeps its module and runs
   attention as tile tasks for every attn_implementation, padding masks included (nntile_torch/nn/gpt2.py);
@@ -99,7 +100,7 @@ def _swap(m, what, kw, home=None):
         return LayerNorm(m.normalized_shape, eps=m.eps, bias=m.bias is not None, device=dev,
                          batch_tile_size=kw["batch_tile_size"])
     if type(m) is nn.Dropout:
-        return nn.Identity() if m.p == 0 else Dropout(m.p, **tiles)
+        return Dropout(m.p, inplace=m.inplace, **tiles)
     if type(m) is nn.Embedding:
         return Embedding(m.num_embeddings, m.embedding_dim, device=dev, **tiles)
     return GELU(what[1], **tiles)
