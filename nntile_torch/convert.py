@@ -84,9 +84,9 @@ def _kind(m, tile_size):
         return "swap", ("gelu", approximate)
     if next(iter(m.parameters(recurse=False)), None) is not None:
         return "dense", f"no tile version of {type(m).__name__} (its parameters stay dense)"
-    if isinstance(m, (nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)):
-        return "dense", f"no tile version of {type(m).__name__}"
-    return "dense", f"no tile version of {type(m).__name__} (runs on materialized tiles if it gets any)"
+    # Without parameters (an activation other than GELU, a softmax, ...): dense only if it meets tiles, which the
+    # running model reports (and strict mode raises there); it may well see dense tensors alone (masks, ids).
+    return None
 
 
 def _swap(m, what, kw, home=None):

@@ -81,7 +81,8 @@ def _innermost_module():
         return None
     f = sys._getframe(2)
     while f is not None:
-        owner = f.f_locals.get("self") if "self" in f.f_code.co_varnames else None
+        code = f.f_code
+        owner = f.f_locals.get("self") if "self" in code.co_varnames or "self" in code.co_cellvars else None
         if isinstance(owner, nn.Module):
             found = _owners.get(owner)
             if found is not None:
