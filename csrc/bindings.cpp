@@ -113,6 +113,7 @@ PYBIND11_MODULE(_C, m) {
     m.def("tasks_pending", [] { return starpu_task_nsubmitted(); });
     m.def("tile_bytes", &tile_bytes);
     m.def("peak_tile_bytes", &peak_tile_bytes);
+    m.def("torch_stream_syncs", &torch_stream_syncs);
     m.def("reset_peak_tile_bytes", &reset_peak_tile_bytes);
     m.def("live_tile_tensors", [] {
         py::list out;

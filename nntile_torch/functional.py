@@ -338,8 +338,9 @@ def attention_mask_tiles(mask, b, seq, row_tile, device):
     """C++ tiles (b * seq, seq) of an additive float mask tiled by `row_tile` rows, from a mask that broadcasts to
     (b, 1, seq, seq): boolean (True: attend, as scaled_dot_product_attention's) or float (added to the scores, as
     Hugging Face's eager masks). None when it does not broadcast that way (a mask per head). The same mask tensor
-    (every layer of one forward gets the one Hugging Face made) is converted once."""
-    if mask.dim() > 4 or mask.is_complex() or isinstance(mask, TileTensor):
+    (every layer of one forward gets the one Hugging Face made) is converted once. A mask that requires grad (a
+    learned bias) is not taken: the kernel gives no gradient for it."""
+    if mask.dim() > 4 or mask.is_complex() or isinstance(mask, TileTensor) or mask.requires_grad:
         return None
     m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     if m.shape[1] != 1 or any(n not in (1, want) for n, want in zip(m.shape, (b, 1, seq, seq))):

@@ -500,3 +500,14 @@ def test_hf_gpt2_example_trains_with_one_added_line():
         out = _run_example(script, "--steps=2", "--layers=1", "--width=32", "--heads=2", "--batch=3",
                            "--max-len=24", f"--attn={attn}", "--device=cpu")
         assert "step 1: loss" in out
+
+
+def test_cuda_sources_count_torch_stream_syncs_apart(device):
+    """from_dense of a CUDA tensor synchronizes torch's stream first (a wait for torch's own work, not nntile's
+    tasks): counted in torch_stream_syncs, one per call; a CPU source makes none."""
+    from nntile_torch import _C
+    x = torch.randn(6, 5, device=device)
+    before, waits = _C.torch_stream_syncs(), nt.stats()["blocking_waits"]
+    nt.TileTensor.from_dense(x, (4, 4))
+    assert _C.torch_stream_syncs() - before == (1 if device == "cuda" else 0)
+    assert nt.stats()["blocking_waits"] == waits

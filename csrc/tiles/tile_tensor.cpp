@@ -46,6 +46,11 @@ std::atomic<int64_t> &live_bytes() {
     return b;
 }
 
+std::atomic<int64_t> &stream_syncs() {
+    static std::atomic<int64_t> n{0};
+    return n;
+}
+
 std::atomic<int64_t> &peak_bytes() {
     static std::atomic<int64_t> b{0};
     return b;
@@ -414,9 +419,10 @@ void TileTensor::from_dense(const torch::Tensor &src) {
     } else {
         opts = opts.device(src.device());
     }
-    // A host wait when a tile is still used by tasks (a write into a live tensor, not into fresh tiles) or when
-    // torch's stream must be synchronized (a CUDA source): counted once per call, as to_dense is.
-    bool waited = src.is_cuda();
+    // A host wait when a tile is still used by tasks (a write into a live tensor, not into fresh tiles): counted once
+    // per call, as to_dense is. A CUDA source synchronizes torch's stream: counted in torch_stream_syncs.
+    bool waited = false;
+    if (src.is_cuda()) stream_syncs().fetch_add(1, std::memory_order_relaxed);
     for (int64_t t = 0; t < ntiles(); ++t) {
         auto ext = tile_extents(t);
         auto block = block_of(dense, tile_index(t), tile_shape_, ext);
@@ -460,6 +466,7 @@ void TileTensor::invalidate() {
 }
 
 int64_t tile_bytes() { return live_bytes().load(); }
+int64_t torch_stream_syncs() { return stream_syncs().load(); }
 int64_t peak_tile_bytes() { return peak_bytes().load(); }
 void reset_peak_tile_bytes() { peak_bytes().store(live_bytes().load()); }
 
