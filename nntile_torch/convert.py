@@ -65,8 +65,9 @@ def _kind(m, tile_size):
         # the linear layer's as tiles; untied ones (GPT-2's positions) broadcast over the batch as block tasks.
         if m.padding_idx is not None or m.max_norm is not None or m.scale_grad_by_freq or m.sparse:
             return "dense", "Embedding with padding_idx, max_norm, scale_grad_by_freq or sparse"
-        if m.embedding_dim > (tile_size or config.DEFAULT_TILE_SIZE):
-            return "dense", f"embedding_dim {m.embedding_dim} wider than a tile ({tile_size or config.DEFAULT_TILE_SIZE})"
+        tile = tile_size or config.DEFAULT_TILE_SIZE
+        if m.embedding_dim > tile:
+            return "dense", f"embedding_dim {m.embedding_dim} wider than a tile ({tile})"
         return "swap", "embedding"
     if type(m) is nn.Dropout:
         return "swap", "dropout"  # p = 0: exactly the identity; else tile dropout (torch's would materialize)
@@ -250,8 +251,19 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
 
 def _tile_parameters(m, c, swapped, init, home):
     """A layer norm module kept as it is: its weight and bias become tile parameters (one tile of c each)."""
-    if any(p.is_meta for p in m.parameters(recurse=False)) and any(id(p) not in swapped for p in m.parameters(recurse=False)):
-        _materialize(m, init, home)
+    own = list(m.parameters(recurse=False))
+    if any(p.is_meta for p in own) and any(id(p) not in swapped for p in own):
+        # A layer norm's usual start (weight 1, bias 0: nanoGPT's LayerNorm has no reset_parameters, and model
+        # inits such as its _init_weights skip it), then init or reset_parameters where there is one.
+        m.to_empty(device=home, recurse=False)
+        with torch.no_grad():
+            m.weight.fill_(1.0)
+            if getattr(m, "bias", None) is not None:
+                m.bias.zero_()
+            if init is not None:
+                init(m)
+            elif hasattr(m, "reset_parameters"):
+                m.reset_parameters()
     for pname, p in list(m.named_parameters(recurse=False)):
         if id(p) in swapped:
             setattr(m, pname, swapped[id(p)])
@@ -288,7 +300,7 @@ def _check_meta(model, plan, tile_plan, init):
                          f"{', '.join(left[:8])}{' ...' if len(left) > 8 else ''} (build those modules on a real "
                          "device, or give them values before convert())")
     if init is None:
-        for m in [m for _, _, m, _, _ in plan] + [m for _, m, _ in tile_plan]:
+        for m in [m for _, _, m, _, _ in plan]:  # tiled-in-place layer norms start at weight 1, bias 0
             if any(p.is_meta for p in m.parameters(recurse=False)) and not hasattr(m, "reset_parameters"):
                 name = next(n for n, x in model.named_modules() if x is m)
                 raise TypeError(f"convert(): {name} ({type(m).__name__}) is on the meta device and has no "

@@ -142,6 +142,31 @@ def test_nanogpt_every_layer_in_tiles_and_exact(device, bias):
     assert list(sd) == list(rsd) and all(type(sd[k]) is torch.Tensor and torch.equal(sd[k], rsd[k]) for k in rsd)
 
 
+def test_nanogpt_built_on_meta_converts_with_its_own_init(device):
+    """nanoGPT built on the meta device and converted with its _init_weights: its LayerNorms (no
+    reset_parameters, skipped by _init_weights) start at weight 1, bias 0, as built on a device; the model trains."""
+    cfg = nanogpt_model.GPTConfig(block_size=32, vocab_size=101, n_layer=2, n_head=4, n_embd=64, bias=False)
+    with torch.device("meta"):
+        meta = nanogpt_model.GPT(cfg)
+    ours = nt.convert(meta, strict=True, init=meta._init_weights, init_device=device, **TILES)
+    assert not any(p.is_meta for p in ours.parameters())
+    ln = ours.transformer.h[1].ln_2
+    assert ln.bias is None and torch.equal(dense(ln.weight).cpu(), torch.ones(64))
+    w = dense(ours.transformer.h[0].mlp.c_fc.weight)
+    assert abs(w.std().item() - 0.02) < 0.003
+    ids = torch.randint(0, 101, (3, 33), device=device)
+    x, y = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+    opt = nt.optim.AdamW(ours.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(6):
+        _, loss = ours(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert abs(losses[0] - math.log(101)) < 0.3 and losses[-1] < losses[0] - 0.5, losses
+
+
 def test_nanogpt_step_makes_no_host_wait(device):
     """A converted nanoGPT step (forward, backward, nt.optim.AdamW) waits on the host only when the loss is read.
     Before: 47 blocking waits per forward and backward."""
