@@ -122,6 +122,7 @@ PYBIND11_MODULE(_C, m) {
     });
     m.def("tile_bytes", &tile_bytes);
     m.def("peak_tile_bytes", &peak_tile_bytes);
+    m.def("torch_stream_syncs", &torch_stream_syncs);
     m.def("reset_peak_tile_bytes", &reset_peak_tile_bytes);
     m.def("live_tile_tensors", [] {
         py::list out;
@@ -173,6 +174,7 @@ PYBIND11_MODULE(_C, m) {
     m.def("host_home_budget", &host_home_budget);
     m.def("host_homed_bytes", &host_homed_bytes);
     m.def("blocking_waits", &blocking_waits);
+    m.def("count_wait", &count_wait, "counts one host wait made outside nntile's C++ (a read of a GPU tensor)");
     m.def("wait_all", [] {
         py::gil_scoped_release nogil;
         wait_all();
@@ -242,9 +244,11 @@ PYBIND11_MODULE(_C, m) {
     m.def("layer_norm_backward", &ops::layer_norm_backward, nogil, py::arg("dy"), py::arg("x"), py::arg("mean"),
           py::arg("rstd"), py::arg("weight"), py::arg("dx"), py::arg("dweight"), py::arg("dbias"));
     m.def("attention_forward", &ops::attention_forward, nogil, py::arg("qkv"), py::arg("y"), py::arg("seq"),
-          py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false);
+          py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr);
     m.def("attention_backward", &ops::attention_backward, nogil, py::arg("dy"), py::arg("qkv"), py::arg("dqkv"),
-          py::arg("seq"), py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false);
+          py::arg("seq"), py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr);
+    m.def("index_check", &ops::index_check, nogil, py::arg("ids"), py::arg("lo"), py::arg("hi"), py::arg("ignore"),
+          py::arg("what"));
     m.def("embedding_forward", &ops::embedding_forward, nogil, py::arg("ids"), py::arg("table"), py::arg("out"));
     m.def("dropout", &ops::dropout, nogil, py::arg("x"), py::arg("y"), py::arg("p"), py::arg("seed"));
     m.def("add_blocks", &ops::add_blocks, nogil, py::arg("src"), py::arg("dst"));

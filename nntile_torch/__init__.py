@@ -8,8 +8,9 @@ from .tensor import TileTensor
 from . import nn, optim  # noqa: E402  (need the runtime and TileTensor)
 from .convert import convert  # noqa: E402
 from .plan import InsufficientMemoryError, MemoryPlan, plan  # noqa: E402
+from .report import ConvertReport, DenseFallbackError, convert_report  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["init", "shutdown", "info", "stats", "reset_peak_stats", "memory_nodes", "memory_nodes_report",
            "memory_advice", "memory_summary", "synchronize", "is_running", "TileTensor", "nn", "optim", "convert",
-           "plan", "MemoryPlan", "InsufficientMemoryError"]
+           "plan", "MemoryPlan", "InsufficientMemoryError", "convert_report", "ConvertReport", "DenseFallbackError"]

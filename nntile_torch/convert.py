@@ -1,13 +1,22 @@
-"""convert(): swaps, in place, a model's matmul modules for tile-task ones, keeping parameter names, shapes,
-state_dict keys and weight ties.
+"""convert(): turns, in place, what a model computes into tile tasks, keeping parameter names, shapes, state_dict
+keys and weight ties, and says what it could not (convert_report, strict mode).
 
-Swapped now: torch.nn.Linear -> nntile_torch.nn.Linear, transformers' Conv1D (GPT-2) -> nntile_torch.nn.Conv1D,
-torch.nn.LayerNorm (last dim, with weight and bias) -> nntile_torch.nn.LayerNorm, torch.nn.GELU and transformers'
-NewGELUActivation / GELUActivation -> nntile_torch.nn.GELU, nn.Embedding (default options, width within a
-tile; tied to a converted linear layer or not) -> nntile_torch.nn.Embedding, nn.Dropout ->
-nntile_torch.nn.Dropout (p = 0: nn.Identity); Hugging Face GPT2Attention keeps its module but runs causal
-attention as tile tasks (nntile_torch/nn/gpt2.py).
-Every other module keeps running as torch code on materialized TileTensors (correct, with host waits).
+Recognized by what modules compute, not by a list of classes:
+- matmuls: torch.nn.Linear -> nntile_torch.nn.Linear, transformers' Conv1D (GPT-2) -> nntile_torch.nn.Conv1D;
+- layer norms: nn.LayerNorm (last dim, bias or not) -> nntile_torch.nn.LayerNorm; any other module whose forward
+  is F.layer_norm of its input with its own weight and optional bias (nanoGPT's LayerNorm) keeps its class and
+  gets tiled parameters: its F.layer_norm call then runs as tile tasks (TileTensor.__torch_function__);
+- GELU in every form (nn.GELU, F.gelu in a module, the tanh formula written out: Hugging Face's
+  NewGELUActivation, nanoGPT's new_gelu), found by running the module on a probe -> nntile_torch.nn.GELU;
+- nn.Embedding (default options, width within a tile; token or position table, tied to a converted linear layer
+  or not) -> nntile_torch.nn.Embedding; nn.Dropout -> nntile_torch.nn.Dropout (p = 0 included: code reading
+  .p, as Hugging Face's attention does, still finds it);
+- attention: F.scaled_dot_product_attention on q, k, v split from one tiled matrix (nanoGPT's, Hugging Face's
+  sdpa) runs as tile tasks wherever it is called; Hugging Face's GPT2Attention keeps its module and runs
+  attention as tile tasks for every attn_implementation, padding masks included (nntile_torch/nn/gpt2.py);
+- functions called inline on tiles: F.gelu, F.layer_norm, F.dropout, F.embedding, F.cross_entropy (functional.py).
+Everything else runs as torch code on materialized TileTensors: correct, with host waits. convert_report(model)
+lists it; strict=True raises instead (report.py).
 """
 import sys
 
@@ -17,11 +26,16 @@ from tqdm import tqdm
 
 from . import config
 from .nn import GELU, Conv1D, Dropout, Embedding, LayerNorm, Linear
-from .nn.embedding import check_indices
+from .nn.embedding import check_indices_now
 from .nn._init import no_init
 from .nn.gpt2 import is_gpt2_attention, patch_gpt2_attention
+from .recognize import gelu_like, layer_norm_like
+from .report import ConvertReport, register
 from .runtime import ensure_init
 from .tensor import TileTensor
+
+# Modules without parameters that need no tile version: they only pass tiles on or hold others.
+_PASSIVE = (nn.Identity, nn.ModuleList, nn.ModuleDict, nn.Sequential, nn.ParameterList, nn.ParameterDict)
 
 
 def _is_hf_conv1d(m):
@@ -36,26 +50,47 @@ def _check_dense_float32(name, m):
                             "(load the model in float32 and pick precision='bf16' for bf16 matmuls)")
 
 
-_HF_GELU = {"NewGELUActivation": "tanh", "GELUTanh": "tanh", "PytorchGELUTanh": "tanh", "GELUActivation": "none"}
-
-
-def _swappable(m, tile_size):
+def _kind(m, tile_size):
+    """How convert() handles module m: ("swap", what) for a tile-task module in its place, ("tile", (C, eps,
+    bias)) for a layer norm kept with tiled parameters, ("dense", why) for one left as torch code, or None (a
+    container, or a module with nothing to convert)."""
     if type(m) is nn.Linear or _is_hf_conv1d(m):
-        return True
+        return "swap", "matmul"
     if type(m) is nn.LayerNorm:
-        return len(m.normalized_shape) == 1 and m.weight is not None and m.bias is not None
+        if len(m.normalized_shape) == 1 and m.weight is not None:
+            return "swap", "layer_norm"
+        return "dense", "LayerNorm over several dims or without elementwise_affine"
     if type(m) is nn.Embedding:
         # Tables tied to a converted linear layer (GPT-2's token embedding and LM head) add their gradient to
         # the linear layer's as tiles; untied ones (GPT-2's positions) broadcast over the batch as block tasks.
-        return (m.padding_idx is None and m.max_norm is None
-                and not m.scale_grad_by_freq and not m.sparse
-                and m.embedding_dim <= (tile_size or config.DEFAULT_TILE_SIZE))
+        if m.padding_idx is not None or m.max_norm is not None or m.scale_grad_by_freq or m.sparse:
+            return "dense", "Embedding with padding_idx, max_norm, scale_grad_by_freq or sparse"
+        tile = tile_size or config.DEFAULT_TILE_SIZE
+        if m.embedding_dim > tile:
+            return "dense", f"embedding_dim {m.embedding_dim} wider than a tile ({tile})"
+        return "swap", "embedding"
     if type(m) is nn.Dropout:
-        return True  # p = 0: exactly the identity; else tile dropout (torch's would read, materialize, its input)
-    return type(m) is nn.GELU or type(m).__name__ in _HF_GELU
+        return "swap", "dropout"  # p = 0: exactly the identity; else tile dropout (torch's would materialize)
+    if type(m) is nn.GELU:
+        return "swap", ("gelu", m.approximate)
+    if isinstance(m, _PASSIVE) or is_gpt2_attention(m):
+        return None
+    if next(iter(m.children()), None) is not None:
+        return None  # a container: its own code's ops on tiles are checked as it runs
+    ln = layer_norm_like(m)
+    if ln is not None:
+        return "tile", ln
+    approximate = gelu_like(m)
+    if approximate is not None:
+        return "swap", ("gelu", approximate)
+    if next(iter(m.parameters(recurse=False)), None) is not None:
+        return "dense", f"no tile version of {type(m).__name__} (its parameters stay dense)"
+    # Without parameters (an activation other than GELU, a softmax, ...): dense only if it meets tiles, which the
+    # running model reports (and strict mode raises there); it may well see dense tensors alone (masks, ids).
+    return None
 
 
-def _swap(m, kw, home=None):
+def _swap(m, what, kw, home=None):
     tiles = dict(tile_size=kw["tile_size"], batch_tile_size=kw["batch_tile_size"])
     dev = home if home is not None else getattr(getattr(m, "weight", None), "device", None)
     if type(m) is nn.Linear:
@@ -63,25 +98,29 @@ def _swap(m, kw, home=None):
     if _is_hf_conv1d(m):
         return Conv1D(m.nf, m.weight.shape[0], device=dev, **kw)
     if type(m) is nn.LayerNorm:
-        return LayerNorm(m.normalized_shape, eps=m.eps, device=dev, batch_tile_size=kw["batch_tile_size"])
-    if type(m) is nn.GELU:
-        return GELU(m.approximate, **tiles)
+        return LayerNorm(m.normalized_shape, eps=m.eps, bias=m.bias is not None, device=dev,
+                         batch_tile_size=kw["batch_tile_size"])
     if type(m) is nn.Dropout:
-        return nn.Identity() if m.p == 0 else Dropout(m.p, **tiles)
+        return Dropout(m.p, inplace=m.inplace, **tiles)
     if type(m) is nn.Embedding:
         return Embedding(m.num_embeddings, m.embedding_dim, device=dev, **tiles)
-    return GELU(_HF_GELU[type(m).__name__], **tiles)
+    return GELU(what[1], **tiles)
 
 
 def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=None, init_device=None,
-            progress=None, plan=None):
-    """Swaps, in place, model's nn.Linear, Hugging Face Conv1D, nn.LayerNorm and GELU modules for nntile_torch
-    ones (see the module docstring) and returns model. Parameters keep their names, shapes, values,
-    requires_grad and ties (a weight shared by several modules, such as GPT-2's token embedding and LM head,
-    stays one Parameter).
+            progress=None, strict=False, plan=None):
+    """Turns, in place, what model computes into tile tasks (see the module docstring) and returns model.
+    Parameters keep their names, shapes, values, requires_grad and ties (a weight shared by several modules,
+    such as GPT-2's token embedding and LM head, stays one Parameter).
 
     precision: "fp32" (exact), "tf32" or "bf16" for the matmuls; tile_size / batch_tile_size: tile edges in
     elements (defaults in nntile_torch.config).
+
+    strict: raise (DenseFallbackError) instead of running any part of the model as dense torch code: modules
+    without a tile version are named here, before anything changes; torch ops that would run on materialized
+    tiles while the model runs are named where they happen (module and op). Without it, convert() and the
+    model warn once per kind, naming them. nt.convert_report(model) lists what was swapped, tiled, patched and
+    left dense, and why.
 
     A model built on the meta device (``with torch.device("meta"): model = ...``) is materialized one module
     at a time, so the dense model never exists whole (a 20B model is 80 GB of float32): each swapped module
@@ -91,11 +130,11 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
     inputs and materialized copies go) is then init_device. Parameters of modules convert() does not swap
     must not be on the meta device (the error names them).
 
-    progress: a progress bar over the modules on stderr (a 20B model on meta takes ~100 s); None shows it for
-    models of 1B parameters or more when stderr is a terminal.
-
     plan: a memory plan (nt.plan(model, batch, seq, precision)) whose checkpointing and streaming hooks are put on
     the converted model (docs/memory_plan.md); its precision must be this one.
+
+    progress: a progress bar over the modules on stderr (a 20B model on meta takes ~100 s); None shows it for
+    models of 1B parameters or more when stderr is a terminal.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert() takes a torch.nn.Module (got {type(model).__name__})")
@@ -106,23 +145,50 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
         raise ValueError(f"convert(precision={precision!r}) differs from the plan's precision {plan.precision!r}")
     ensure_init()
     kw = dict(tile_size=tile_size, batch_tile_size=batch_tile_size, precision=precision)
+    report = ConvertReport(strict)
     swapped = {}  # id(old parameter) -> new parameter
-    swaps, names = [], {}
+    swaps, tile_plan, dense = [], [], []
+    seen = set()
     for name, m in model.named_modules():
         for cname, child in m.named_children():
             full = f"{name}.{cname}" if name else cname
-            if _swappable(child, tile_size):
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            kind = _kind(child, tile_size)
+            if kind is None:
+                continue
+            if kind[0] == "swap":
                 _check_dense_float32(full, child)
-                swaps.append((m, cname, child))
-                names.setdefault(id(child), full)
-    _check_meta(model, swaps, init)
-    meta_plan = any(p.is_meta for _, _, m in swaps for p in m.parameters(recurse=False))
+                swaps.append((m, cname, child, kind[1], full))
+            elif kind[0] == "tile":
+                tile_plan.append((full, child, kind[1]))
+            else:
+                dense.append((full, child, kind[1]))
+    covered = {id(p) for _, _, c, _, _ in swaps for p in c.parameters(recurse=False)}
+    covered |= {id(p) for _, c, _ in tile_plan for p in c.parameters(recurse=False)}
+    # Modules left dense whose parameters are all tied to converted ones share the tiles: nothing stays dense.
+    for full, child, why in dense:
+        own = list(child.parameters(recurse=False))
+        if own and all(id(p) in covered for p in own):
+            continue
+        report.dense.append((full, type(child).__name__, why))
+    for name, m in model.named_modules():
+        if not name and next(iter(m.parameters(recurse=False)), None) is not None \
+                and not any(m is c for _, _, c, _, _ in swaps) and not any(m is c for _, c, _ in tile_plan):
+            if any(id(p) not in covered for p in m.parameters(recurse=False)):
+                report.dense.append(("", type(m).__name__, "parameters of the model itself stay dense"))
+    if strict:
+        report.check()  # before anything changes
+    _check_meta(model, swaps, tile_plan, init)
+    meta_plan = any(p.is_meta for _, _, m, _, _ in swaps for p in m.parameters(recurse=False)) or any(
+        p.is_meta for _, m, _ in tile_plan for p in m.parameters(recurse=False))
     home = _home_device(init_device) if meta_plan else None  # only meta modules need one
     keep = []
     if progress is None:
         progress = sys.stderr.isatty() and sum(p.numel() for p in model.parameters()) >= 10**9
-    for parent, cname, old in tqdm(swaps, desc="nntile_torch.convert", unit="module", disable=not progress,
-                                   file=sys.stderr, leave=False):
+    for parent, cname, old, what, full in tqdm(swaps, desc="nntile_torch.convert", unit="module",
+                                               disable=not progress, file=sys.stderr, leave=False):
         ids = {pname: id(p) for pname, p in old.named_parameters(recurse=False)}
         keep.extend(old.parameters(recurse=False))  # alive, so their ids stay unique while ties are matched
         meta = any(p.is_meta for p in old.parameters(recurse=False))
@@ -131,9 +197,9 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
             if plan is not None and plan.beyond_gpu:
                 # Written from where the plan keeps it: host blocks from host RAM, the rest from the GPU, so that
                 # host RAM holds no build-time copy of the GPU's tiles (StarPU 1.3.10 keeps a buffer once written).
-                old.to("cpu" if plan.in_host_ram(names[id(old)]) else home)
+                old.to("cpu" if plan.in_host_ram(full) else home)
         with no_init():  # every parameter is written from `old` below
-            new = _swap(old, kw, home if meta else None)
+            new = _swap(old, what, kw, home if meta else None)
         if {n for n, _ in new.named_parameters(recurse=False)} - {n for n, _ in old.named_parameters(recurse=False)}:
             new.reset_parameters()  # a parameter the original lacks: give it its usual initial values
         new.train(old.training)
@@ -150,6 +216,13 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
             old.to_empty(device="meta", recurse=False)  # drop the dense copy now, not when the loop ends
         new.train(old.training)
         setattr(parent, cname, new)
+        report.swapped.append((full, type(old).__name__, ("nntile_torch.nn." if type(new).__module__.startswith(
+            "nntile_torch") else "") + type(new).__name__))
+    for full, m, (c, eps, has_bias) in tile_plan:
+        keep.extend(m.parameters(recurse=False))
+        _tile_parameters(m, c, swapped, init, home)
+        report.tiled.append((full, type(m).__name__, f"layer norm over {c}{'' if has_bias else ', no bias'}, "
+                                                     "parameters as tiles, its F.layer_norm as tile tasks"))
     # Modules left as torch code that shared a swapped parameter get the new one, so ties survive; their
     # state_dict then still holds ordinary tensors.
     for m in model.modules():
@@ -160,9 +233,11 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
                 retied = True
         if retied:
             m._register_state_dict_hook(_dense_state_dict)
-    for m in model.modules():
+    for name, m in model.named_modules():
         if is_gpt2_attention(m):
             patch_gpt2_attention(m)
+            report.patched.append((name, type(m).__name__, "attention as tile tasks (causal or masked) for every "
+                                                           "attn_implementation"))
     # Hugging Face keeps a key/value cache during training too unless told otherwise; a cache needs dense keys
     # and values (host waits) and is of no use to training. Generation still works without it.
     cfg = getattr(model, "config", None)
@@ -176,7 +251,41 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
             m._nntile_checked = True
     if plan is not None:
         plan.apply(model)
+    register(model, report)
+    if report.dense and not strict:
+        import warnings
+        warnings.warn("nntile_torch.convert: these modules run as dense torch code: " + "; ".join(
+            f"{n or '(model)'} ({t}: {why})" for n, t, why in report.dense) + " (nt.convert_report(model) says more)",
+            stacklevel=2)
     return model
+
+
+def _tile_parameters(m, c, swapped, init, home):
+    """A layer norm module kept as it is: its weight and bias become tile parameters (one tile of c each)."""
+    own = list(m.parameters(recurse=False))
+    if any(p.is_meta for p in own) and any(id(p) not in swapped for p in own):
+        # A layer norm's usual start (weight 1, bias 0: nanoGPT's LayerNorm has no reset_parameters, and model
+        # inits such as its _init_weights skip it), then init or reset_parameters where there is one.
+        m.to_empty(device=home, recurse=False)
+        with torch.no_grad():
+            m.weight.fill_(1.0)
+            if getattr(m, "bias", None) is not None:
+                m.bias.zero_()
+            if init is not None:
+                init(m)
+            elif hasattr(m, "reset_parameters"):
+                m.reset_parameters()
+    for pname, p in list(m.named_parameters(recurse=False)):
+        if id(p) in swapped:
+            setattr(m, pname, swapped[id(p)])
+            continue
+        t = nn.Parameter(TileTensor.empty((c,), (c,), p.device, name=pname, persistent=True),
+                         requires_grad=p.requires_grad)
+        with torch.no_grad():
+            t.copy_(p)
+        swapped[id(p)] = t
+        setattr(m, pname, t)
+    m._register_state_dict_hook(_dense_state_dict)
 
 
 def _home_device(init_device):
@@ -187,11 +296,12 @@ def _home_device(init_device):
     return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
 
-def _check_meta(model, plan, init):
-    """Before anything changes: every meta tensor must belong to a module convert() swaps (or be tied to one),
-    and each such module must have a way to get values."""
-    swapped = {id(m) for _, _, m in plan}
-    covered = {id(p) for _, _, m in plan for p in m.parameters(recurse=False)}
+def _check_meta(model, plan, tile_plan, init):
+    """Before anything changes: every meta tensor must belong to a module convert() swaps or tiles (or be tied to
+    one), and each such module must have a way to get values."""
+    swapped = {id(m) for _, _, m, _, _ in plan} | {id(m) for _, m, _ in tile_plan}
+    covered = {id(p) for _, _, m, _, _ in plan for p in m.parameters(recurse=False)}
+    covered |= {id(p) for _, m, _ in tile_plan for p in m.parameters(recurse=False)}
     left = []
     for name, m in model.named_modules():
         tensors = [] if id(m) in swapped else list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False))
@@ -201,11 +311,11 @@ def _check_meta(model, plan, init):
                          f"{', '.join(left[:8])}{' ...' if len(left) > 8 else ''} (build those modules on a real "
                          "device, or give them values before convert())")
     if init is None:
-        for parent, cname, m in plan:
+        for m in [m for _, _, m, _, _ in plan]:  # tiled-in-place layer norms start at weight 1, bias 0
             if any(p.is_meta for p in m.parameters(recurse=False)) and not hasattr(m, "reset_parameters"):
-                raise TypeError(f"convert(): {type(parent).__name__}.{cname} ({type(m).__name__}) is on the meta "
-                                "device and has no reset_parameters(); pass init= (for Hugging Face models: "
-                                "init=model._init_weights)")
+                name = next(n for n, x in model.named_modules() if x is m)
+                raise TypeError(f"convert(): {name} ({type(m).__name__}) is on the meta device and has no "
+                                "reset_parameters(); pass init= (for Hugging Face models: init=model._init_weights)")
 
 
 def _materialize(old, init, device):
@@ -220,7 +330,7 @@ def _materialize(old, init, device):
 
 def _index_check(name):
     def hook(module, args):
-        check_indices(args[0], module.num_embeddings, name)
+        check_indices_now(args[0], module.num_embeddings, name)
     return hook
 
 

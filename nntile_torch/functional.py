@@ -7,7 +7,10 @@ import torch
 
 from . import _C
 from .runtime import host_tasks
-from .tensor import _TILE_DTYPES, TileTensor, without_torch_function
+from .tensor import _TILE_DTYPES, FUNCTIONS, TileTensor, plain, view_of, without_torch_function
+
+F = torch.nn.functional
+_NO_IGNORE = -(2**63)  # index_check's `ignore` when every value must be in range
 
 
 def frees_saved(backward):
@@ -46,13 +49,25 @@ def kept(ctx):
 def tiles_of(shape, tile_shape, value, dtype=torch.float32, name="", persistent=False):
     """value (dense or TileTensor) as C++ tiles of that shape, tiling and dtype (its own tiles when they are; new
     ones get `name` and `persistent`, see TileTensor.empty)."""
-    if isinstance(value, TileTensor) and list(value.tiles.shape) == list(shape) \
+    if plain(value) and list(value.tiles.shape) == list(shape) \
             and list(value.tiles.tile_shape) == list(tile_shape) and value.tiles.dtype == _TILE_DTYPES[dtype]:
         return value.tiles
-    dense = value.materialize() if isinstance(value, TileTensor) else value
+    dense = _retiled(value, tile_shape)
     t = _C.TileTensor(list(shape), list(tile_shape), _TILE_DTYPES[dtype], name, persistent)
     t.from_dense(dense.detach().to(dtype).reshape(tuple(shape)))
     return t
+
+
+def _retiled(value, tile_shape):
+    """The dense values of `value` for a copy into tiles of `tile_shape`: a TileTensor in another tiling (or a
+    strided view) is materialized, a host wait, recorded as a dense fallback inside a converted model
+    (report.note_dense)."""
+    if not isinstance(value, TileTensor):
+        return value
+    from .report import note_dense
+    note_dense("copy into other tiles", f"tiles {tuple(value.tiles.tile_shape)} of {tuple(value.tiles.shape)}"
+               + ("" if value._view is None else " seen through a strided view") + f" into tiles {tuple(tile_shape)}")
+    return value.materialize()
 
 
 def as_matrix_tiles(x, row_tile, col_tile):
@@ -61,9 +76,9 @@ def as_matrix_tiles(x, row_tile, col_tile):
     k = x.shape[-1]
     m = math.prod(x.shape[:-1])
     want = [min(row_tile, m), min(col_tile, k)]
-    if isinstance(x, TileTensor) and list(x.tiles.shape) == [m, k] and list(x.tiles.tile_shape) == want:
+    if plain(x) and list(x.tiles.shape) == [m, k] and list(x.tiles.tile_shape) == want:
         return x.tiles
-    dense = x.materialize() if isinstance(x, TileTensor) else x
+    dense = _retiled(x, want)
     t = _C.TileTensor([m, k], want, "float32", "")
     t.from_dense(dense.detach().reshape(m, k))
     return t
@@ -155,7 +170,7 @@ class GeluFunction(torch.autograd.Function):
     @staticmethod
     @without_torch_function
     def forward(ctx, x, approximate, batch_tile, tile):
-        xt = x.tiles if isinstance(x, TileTensor) else as_matrix_tiles(x, batch_tile, tile)
+        xt = x.tiles if plain(x) else as_matrix_tiles(x, batch_tile, tile)
         y = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "gelu.y")
         _C.gelu_forward(xt, y, approximate == "tanh")
         keep(ctx, x.device, xt)
@@ -179,7 +194,7 @@ class DropoutFunction(torch.autograd.Function):
     @staticmethod
     @without_torch_function
     def forward(ctx, x, p, seed, batch_tile, tile):
-        xt = x.tiles if isinstance(x, TileTensor) else as_matrix_tiles(x, batch_tile, tile)
+        xt = x.tiles if plain(x) else as_matrix_tiles(x, batch_tile, tile)
         y = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "dropout.y")
         _C.dropout(xt, y, p, seed)
         ctx.tiling = (list(xt.shape), list(xt.tile_shape))  # the mask is recomputed from the seed: x is not kept
@@ -199,22 +214,23 @@ class DropoutFunction(torch.autograd.Function):
 class LayerNormFunction(torch.autograd.Function):
     """LayerNorm over the last dim C of x (..., C), seen as the matrix (prod(...), C) in tiles of whole rows
     (batch_tile, C); weight and bias (C,) are one tile each. A TileTensor x already tiled that way is used as
-    it is (its row tile wins); any other x is copied into such tiles."""
+    it is (its row tile wins); any other x is copied into such tiles. bias None: no bias (nanoGPT's bias=False)."""
 
     @staticmethod
     @without_torch_function
     def forward(ctx, x, weight, bias, eps, batch_tile):
         c = x.shape[-1]
-        if isinstance(x, TileTensor) and len(x.tiles.shape) == 2 and x.tiles.grid[1] == 1:
+        if plain(x) and len(x.tiles.shape) == 2 and x.tiles.grid[1] == 1:
             batch_tile = x.tiles.tile_shape[0]
         xt = as_matrix_tiles(x, batch_tile, c)
         m, bt = xt.shape[0], xt.tile_shape[0]
         y = _C.TileTensor([m, c], [bt, c], "float32", "layer_norm.y")
         mean = _C.TileTensor([m], [bt], "float32", "layer_norm.mean")
         rstd = _C.TileTensor([m], [bt], "float32", "layer_norm.rstd")
-        _C.layer_norm_forward(xt, weight.tiles, bias.tiles, float(eps), y, mean, rstd)
+        _C.layer_norm_forward(xt, weight.tiles, _zeros(weight.tiles) if bias is None else bias.tiles, float(eps), y,
+                              mean, rstd)
         keep(ctx, x.device, xt, mean, rstd)
-        ctx.wt = weight.tiles
+        ctx.wt, ctx.has_bias = weight.tiles, bias is not None
         ctx.x_shape, ctx.x_device, ctx.w_device = x.shape, x.device, weight.device
         return TileTensor(y, x.shape, x.device)
 
@@ -228,24 +244,39 @@ class LayerNormFunction(torch.autograd.Function):
         db = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "layer_norm.db")
         _C.layer_norm_backward(tiles_of(xt.shape, xt.tile_shape, dy), xt, mean, rstd, wt, dx, dw, db)
         return (TileTensor(dx, ctx.x_shape, ctx.x_device), TileTensor(dw, wt.shape, ctx.w_device),
-                TileTensor(db, wt.shape, ctx.w_device), None, None)
+                TileTensor(db, wt.shape, ctx.w_device) if ctx.has_bias else None, None, None)
+
+
+_ZEROS = {}
+
+
+def _zeros(like):
+    """Zero tiles shaped like `like` (a layer norm's missing bias), made once per shape and tiling."""
+    key = (tuple(like.shape), tuple(like.tile_shape))
+    z = _ZEROS.get(key)
+    if z is None:
+        z = _C.TileTensor(list(like.shape), list(like.tile_shape), "float32", "zeros")
+        z.from_dense(torch.zeros(tuple(like.shape)))
+        _ZEROS[key] = z
+    return z
 
 
 class CausalAttentionFunction(torch.autograd.Function):
-    """Causal multi-head self-attention: qkv (B, T, 3C), a TileTensor whose tiles hold whole rows and whole
-    sequences (row tile a multiple of T), -> y (B, T, C) with heads side by side, tiled by the same rows.
-    One task per row tile; the backward task recomputes the forward (no T x T matrix is kept). bf16: the kernel
-    computes in bfloat16, as torch's attention under bf16 autocast (tiles stay float32)."""
+    """Multi-head self-attention: qkv (B, T, 3C), a TileTensor whose tiles hold whole rows and whole sequences (row
+    tile a multiple of T), -> y (B, T, C) with heads side by side, tiled by the same rows. Causal, or with `mask`:
+    C++ tiles (B * T, T) of an additive float mask tiled by qkv's rows (attention_mask_tiles; causality is then the
+    mask's). One task per row tile; the backward task recomputes the forward (no T x T matrix is kept). bf16: the
+    kernel computes in bfloat16, as torch's attention under bf16 autocast (tiles stay float32)."""
 
     @staticmethod
     @without_torch_function
-    def forward(ctx, qkv, nheads, scale, bf16=False):
+    def forward(ctx, qkv, nheads, scale, bf16=False, mask=None):
         t = qkv.tiles
         b, seq, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         y = _C.TileTensor([t.shape[0], c], [t.tile_shape[0], c], "float32", "attention.y")
-        _C.attention_forward(t, y, seq, nheads, scale, bf16)
+        _C.attention_forward(t, y, seq, nheads, scale, bf16, mask)
         keep(ctx, qkv.device, t, y)
-        ctx.seq, ctx.nheads, ctx.scale, ctx.bf16 = seq, nheads, scale, bf16
+        ctx.seq, ctx.nheads, ctx.scale, ctx.bf16, ctx.mask = seq, nheads, scale, bf16, mask
         ctx.shape, ctx.device = qkv.shape, qkv.device
         return TileTensor(y, (b, seq, c), qkv.device)
 
@@ -255,14 +286,110 @@ class CausalAttentionFunction(torch.autograd.Function):
     def backward(ctx, dy):
         t, y = kept(ctx)
         dqkv = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "attention.dqkv")
-        _C.attention_backward(tiles_of(y.shape, y.tile_shape, dy), t, dqkv, ctx.seq, ctx.nheads, ctx.scale, ctx.bf16)
-        return TileTensor(dqkv, ctx.shape, ctx.device), None, None, None
+        _C.attention_backward(tiles_of(y.shape, y.tile_shape, dy), t, dqkv, ctx.seq, ctx.nheads, ctx.scale, ctx.bf16,
+                              ctx.mask)
+        return TileTensor(dqkv, ctx.shape, ctx.device), None, None, None, None
+
+
+class HeadsAttentionFunction(torch.autograd.Function):
+    """scaled_dot_product_attention on q, k, v (B, H, T, D) that are views of one TileTensor (B * T, 3C) split into
+    its thirds and heads (nanoGPT's and Hugging Face's c_attn(x).split(C, 2), .view(B, T, H, D).transpose(1, 2)):
+    the attention task reads that matrix's tiles; y is a (B, H, T, D) view of (B * T, C) tiles, which
+    y.transpose(1, 2).reshape(B, T, C) turns back into those tiles without a copy. The gradients of q, k, v are the
+    same views of one gradient matrix, which autograd's backward of the split concatenates back into it."""
+
+    @staticmethod
+    @without_torch_function
+    def forward(ctx, q, k, v, mask, scale, bf16):
+        t = q.tiles
+        b, h, seq, d = q.shape
+        c = h * d
+        y = _C.TileTensor([t.shape[0], c], [t.tile_shape[0], c], "float32", "attention.y")
+        _C.attention_forward(t, y, seq, h, scale, bf16, mask)
+        keep(ctx, q.device, t, y)
+        ctx.geometry = [(tuple(z.shape), tuple(z.stride()), z.storage_offset()) for z in (q, k, v)]
+        ctx.seq, ctx.h, ctx.scale, ctx.bf16, ctx.mask, ctx.device = seq, h, scale, bf16, mask, q.device
+        return view_of(y, (b, h, seq, d), (seq * c, d, c, 1), 0, q.device)
+
+    @staticmethod
+    @without_torch_function
+    @frees_saved
+    def backward(ctx, dy):
+        t, y = kept(ctx)
+        b, h, seq, d = dy.shape
+        dy2 = dy.transpose(1, 2).reshape(b * seq, h * d)  # views of the tiles when dy is the output's geometry
+        dqkv = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "attention.dqkv")
+        _C.attention_backward(tiles_of(y.shape, y.tile_shape, dy2), t, dqkv, ctx.seq, ctx.h, ctx.scale, ctx.bf16,
+                              ctx.mask)
+        grads = tuple(view_of(dqkv, shape, stride, offset, ctx.device) for shape, stride, offset in ctx.geometry)
+        return (*grads, None, None, None)
 
 
 def attention_tiles_ok(qkv):
     """Whether qkv (B, T, 3C) is tiled so that CausalAttentionFunction can take it without a copy."""
-    return (isinstance(qkv, TileTensor) and qkv.dim() == 3 and len(qkv.tiles.shape) == 2
+    return (plain(qkv) and qkv.dim() == 3 and len(qkv.tiles.shape) == 2
             and qkv.tiles.grid[1] == 1 and qkv.tiles.tile_shape[0] % qkv.shape[1] == 0)
+
+
+_mask_cache = [None]  # (the mask tensor, its version, row tile, C++ tiles): one model's layers share one mask
+
+
+def attention_mask_tiles(mask, b, seq, row_tile, device):
+    """C++ tiles (b * seq, seq) of an additive float mask tiled by `row_tile` rows, from a mask that broadcasts to
+    (b, 1, seq, seq): boolean (True: attend, as scaled_dot_product_attention's) or float (added to the scores, as
+    Hugging Face's eager masks). None when it does not broadcast that way (a mask per head). The same mask tensor
+    (every layer of one forward gets the one Hugging Face made) is converted once. A mask that requires grad (a
+    learned bias) is not taken: the kernel gives no gradient for it."""
+    if mask.dim() > 4 or mask.is_complex() or isinstance(mask, TileTensor) or mask.requires_grad:
+        return None
+    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    if m.shape[1] != 1 or any(n not in (1, want) for n, want in zip(m.shape, (b, 1, seq, seq))):
+        return None
+    cached = _mask_cache[0]
+    if cached is not None and cached[0] is mask and cached[1] == mask._version and cached[2] == (b, seq, row_tile):
+        return cached[3]
+    if m.dtype == torch.bool:
+        dense = torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill_(~m, float("-inf"))
+    else:
+        dense = m.to(torch.float32)
+    dense = dense.expand(b, 1, seq, seq).reshape(b * seq, seq)
+    tiles = _C.TileTensor([b * seq, seq], [row_tile, seq], "float32", "attention.mask")
+    tiles.from_dense(dense.to(device))
+    _mask_cache[0] = (mask, mask._version, (b, seq, row_tile), tiles)
+    return tiles
+
+
+@without_torch_function
+def tiled_scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                       enable_gqa=False):
+    """F.scaled_dot_product_attention as tile tasks when q, k, v are the heads of one (B * T, 3C) TileTensor's
+    thirds (HeadsAttentionFunction) and the mask is causal, absent or the same for every head; NotImplemented
+    otherwise (attention dropout, other layouts), which then runs as torch code."""
+    if dropout_p != 0.0 or enable_gqa or not all(isinstance(z, TileTensor) for z in (query, key, value)):
+        return NotImplemented
+    t = query.tiles
+    if key.tiles is not t or value.tiles is not t or query.dim() != 4 or query.dtype != torch.float32 \
+            or key.shape != query.shape or value.shape != query.shape:
+        return NotImplemented
+    b, h, seq, d = query.shape
+    c = h * d
+    if list(t.shape) != [b * seq, 3 * c] or t.grid[1] != 1 or t.tile_shape[0] % seq or t.dtype != "float32":
+        return NotImplemented
+    heads = (seq * 3 * c, d, 3 * c, 1)
+    for z, offset in ((query, 0), (key, c), (value, 2 * c)):
+        if tuple(z.stride()) != heads or z.storage_offset() != offset:
+            return NotImplemented
+    mask = None
+    if attn_mask is not None:
+        if is_causal or not torch.is_tensor(attn_mask):
+            return NotImplemented  # torch raises for both given
+        mask = attention_mask_tiles(attn_mask, b, seq, t.tile_shape[0], query.device)
+        if mask is None:
+            return NotImplemented
+    elif not is_causal:
+        mask = attention_mask_tiles(torch.zeros((), device=query.device), b, seq, t.tile_shape[0], query.device)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    return HeadsAttentionFunction.apply(query, key, value, mask, scale, bool(getattr(query, "_nntile_bf16", False)))
 
 
 class EmbeddingFunction(torch.autograd.Function):
@@ -271,11 +398,13 @@ class EmbeddingFunction(torch.autograd.Function):
 
     @staticmethod
     @without_torch_function
-    def forward(ctx, ids, weight, batch_tile):
+    def forward(ctx, ids, weight, batch_tile, check=None):
         wt = weight.tiles
         m, c = ids.numel(), wt.shape[1]
         idt = _C.TileTensor([m], [min(batch_tile, m)], "int64", "embedding.ids")
         idt.from_dense(ids.detach().reshape(m).long())
+        if check is not None:  # ids on a GPU: checked by a task (an error at the next wait), not by a host read
+            _C.index_check(idt, 0, wt.shape[0], _NO_IGNORE, check)
         out = _C.TileTensor([m, c], [idt.tile_shape[0], c], "float32", "embedding.out")
         _C.embedding_forward(idt, wt, out)
         keep(ctx, ids.device, idt)
@@ -290,7 +419,7 @@ class EmbeddingFunction(torch.autograd.Function):
         dw = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "embedding.dweight")
         (idt,) = kept(ctx)
         _C.embedding_backward(idt, tiles_of(*ctx.out_tiling, dy), dw)
-        return None, TileTensor(dw, wt.shape, ctx.w_device), None
+        return None, TileTensor(dw, wt.shape, ctx.w_device), None, None
 
 
 _IGNORE_INDEX = -100
@@ -304,11 +433,13 @@ class CrossEntropyFunction(torch.autograd.Function):
 
     @staticmethod
     @without_torch_function
-    def forward(ctx, logits, labels, mean):
+    def forward(ctx, logits, labels, mean, check_ignore=None):
         lt = logits.tiles
         m = lt.shape[0]
         lab = _C.TileTensor([m], [lt.tile_shape[0]], "int64", "ce.labels")
         lab.from_dense(labels.detach().reshape(m).long())
+        if check_ignore is not None:  # labels on a GPU: checked by a task (an error at the next wait)
+            _C.index_check(lab, 0, lt.shape[1], check_ignore, "cross_entropy")
         stats = _C.TileTensor([m, 3], [lt.tile_shape[0], 3], "float32", "ce.stats")
         acc = _C.TileTensor([2], [2], "float32", "ce.acc")
         loss = _C.TileTensor([1], [1], "float32", "ce.loss")
@@ -324,18 +455,21 @@ class CrossEntropyFunction(torch.autograd.Function):
         (lab, lt, stats, acc, loss), mean, device = kept(ctx), ctx.mean, ctx.device
         dl = _C.TileTensor(list(lt.shape), list(lt.tile_shape), "float32", "ce.dlogits")
         _C.cross_entropy_backward(lab, lt, stats, acc, tiles_of(loss.shape, loss.tile_shape, gout), dl, mean)
-        return TileTensor(dl, tuple(lt.shape), device), None, None
+        return TileTensor(dl, tuple(lt.shape), device), None, None, None
 
 
+@without_torch_function
 def tiled_cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None,
                         reduction="mean", label_smoothing=0.0):
     """F.cross_entropy for tiled logits (M, V) and integer targets (M,), as tile tasks. Returns NotImplemented
-    for what it does not cover (class weights, label smoothing, other ignore indices, logits not 2-d float32
-    tiles of that shape), which then runs as torch code on the materialized logits."""
+    for what it does not cover (class weights, label smoothing, logits not 2-d float32 tiles of that shape),
+    which then runs as torch code on the materialized logits. Any ignore_index (nanoGPT's -1 too). Targets out of
+    range raise as torch's do: at once for targets on the CPU (checked there, no wait), at the next host wait for
+    targets on a GPU (checked by a task: reading them here would wait for the GPU)."""
     if (weight is not None or size_average is not None or reduce is not None or label_smoothing != 0.0
-            or ignore_index != _IGNORE_INDEX or reduction not in ("mean", "sum")
-            or not isinstance(input, TileTensor) or input.dim() != 2 or input.dtype != torch.float32
-            or list(input.tiles.shape) != list(input.shape) or not torch.is_tensor(target)):
+            or reduction not in ("mean", "sum") or not plain(input) or input.dim() != 2
+            or input.dtype != torch.float32 or list(input.tiles.shape) != list(input.shape)
+            or not torch.is_tensor(target) or isinstance(target, TileTensor)):
         return NotImplemented
     if target.dtype.is_floating_point or target.dtype == torch.bool or target.is_complex():
         raise TypeError(f"cross_entropy: targets must be class indices of an integer dtype (got {target.dtype})")
@@ -343,7 +477,75 @@ def tiled_cross_entropy(input, target, weight=None, size_average=None, ignore_in
         raise ValueError(f"cross_entropy: expected targets of shape ({input.shape[0]},) for logits of shape "
                          f"{tuple(input.shape)} (got {tuple(target.shape)})")
     v = input.shape[1]
-    bad = (target != _IGNORE_INDEX) & ((target < 0) | (target >= v))
-    if bool(bad.any()):  # torch raises here too (on a GPU as a device-side assert that ends the process)
-        raise IndexError(f"cross_entropy: target {int(target[bad][0])} is out of bounds for {v} classes")
-    return CrossEntropyFunction.apply(input, target, reduction == "mean")
+    check = None
+    if target.device.type == "cpu":
+        bad = (target != ignore_index) & ((target < 0) | (target >= v))
+        if bool(bad.any()):  # torch raises here too (on a GPU as a device-side assert that ends the process)
+            raise IndexError(f"cross_entropy: target {int(target[bad][0])} is out of bounds for {v} classes")
+    else:
+        check = int(ignore_index)
+    if ignore_index != _IGNORE_INDEX:  # the kernels skip -100; other ignored targets become it (no wait)
+        target = torch.where(target == ignore_index, torch.full_like(target, _IGNORE_INDEX), target)
+    return CrossEntropyFunction.apply(input, target, reduction == "mean", check)
+
+
+@without_torch_function
+def tiled_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """F.layer_norm over the last dimension with tiled weight (and bias, or none) as tile tasks (a custom LayerNorm
+    module calling F.layer_norm, e.g. nanoGPT's, once convert() has tiled its parameters)."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if not (plain(weight) and (bias is None or plain(bias)) and len(shape) == 1 and torch.is_tensor(input)
+            and input.dtype == torch.float32 and input.dim() >= 1 and input.shape[-1] == shape[0]
+            and tuple(weight.shape) == shape and list(weight.tiles.grid) == [1]
+            and (bias is None or (tuple(bias.shape) == shape and list(bias.tiles.grid) == [1]))):
+        return NotImplemented
+    if isinstance(input, TileTensor) and not plain(input):
+        return NotImplemented
+    from .config import DEFAULT_BATCH_TILE_SIZE
+    return LayerNormFunction.apply(input, weight, bias, eps, DEFAULT_BATCH_TILE_SIZE)
+
+
+@without_torch_function
+def tiled_gelu(input, approximate="none"):
+    """F.gelu on a TileTensor, its own tiles kept (erf form or tanh approximation)."""
+    if not plain(input) or input.dtype != torch.float32 or approximate not in ("none", "tanh"):
+        return NotImplemented
+    return GeluFunction.apply(input, approximate, None, None)
+
+
+@without_torch_function
+def tiled_dropout(input, p=0.5, training=True, inplace=False):
+    """F.dropout on a TileTensor as tile tasks (the mask a hash of a seed from torch's CPU generator, as
+    nntile_torch.nn.Dropout); the identity when not training or p = 0."""
+    if not isinstance(input, TileTensor) or not 0.0 <= p <= 1.0:
+        return NotImplemented
+    if not training or p == 0.0:
+        return input
+    if inplace or not plain(input) or input.dtype != torch.float32 or p == 1.0:
+        return NotImplemented
+    seed = int(torch.randint(0, 2**62, (1,)).item())
+    return DropoutFunction.apply(input, float(p), seed, None, None)
+
+
+@without_torch_function
+def tiled_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+                    sparse=False):
+    """F.embedding with a tiled table of whole rows, default options, as tile tasks."""
+    if not plain(weight) or weight.dim() != 2 or weight.tiles.grid[1] != 1 or padding_idx is not None \
+            or max_norm is not None or scale_grad_by_freq or sparse or isinstance(input, TileTensor):
+        return NotImplemented
+    from .config import DEFAULT_BATCH_TILE_SIZE
+    from .nn.embedding import check_indices
+    check = check_indices(input, weight.shape[0], "embedding")
+    return EmbeddingFunction.apply(input, weight, DEFAULT_BATCH_TILE_SIZE, check)
+
+
+FUNCTIONS.update({
+    F.cross_entropy: tiled_cross_entropy,
+    F.layer_norm: tiled_layer_norm,
+    torch.layer_norm: tiled_layer_norm,
+    F.gelu: tiled_gelu,
+    F.dropout: tiled_dropout,
+    F.scaled_dot_product_attention: tiled_scaled_dot_product_attention,
+    F.embedding: tiled_embedding,
+})

@@ -5,7 +5,14 @@ tiles are gathered (a blocking wait, counted in stats()) into a dense copy on th
 the tiles change. In-place torch ops on a TileTensor are applied to that copy and written back to the tiles.
 
 The tiles have the tensor's shape, except that a matrix op's operand (batch, ..., features) is tiled as its
-2-d matrix (batch * ..., features); `shape` is the logical shape and `tiles.shape` the tiled one.
+2-d matrix (batch * ..., features); `shape` is the logical shape and `tiles.shape` the tiled one: the values are
+the tiles' row-major elements in order, as a contiguous tensor's are its storage's.
+
+Views (split, view, transpose, select, slice, expand, ...) of a TileTensor are TileTensors over the same tiles with
+their own strides and offset into those row-major elements, as a strided view of a dense tensor is: no copy, no
+wait. nntile ops read a view's tiles directly where the view is a pattern they know (the q, k, v of an attention
+split from one matrix); anything else materializes it like any TileTensor. An in-place write to a view goes
+through to the tiles (read, modify, write back: correct, with waits), so a view and its base never disagree.
 """
 import copy
 import functools
@@ -22,6 +29,23 @@ _cross_entropy = torch.nn.functional.cross_entropy
 _disabled_torch_function = torch._C._disabled_torch_function_impl
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
 _TILE_DTYPES = {v: k for k, v in _DTYPES.items()}
+# torch functions on TileTensors that become tile tasks (functional.py fills it in): the function people call
+# (F.layer_norm, F.gelu, F.scaled_dot_product_attention, ...) decides, not the class of the module calling it.
+FUNCTIONS = {}
+
+
+def contiguous_strides(shape):
+    strides, acc = [], 1
+    for n in reversed(tuple(shape)):
+        strides.append(acc)
+        acc *= max(int(n), 1)
+    return tuple(reversed(strides))
+
+
+def plain(x):
+    """Whether x is a TileTensor whose values are its tiles' elements in order (not a strided view of them): the
+    form nntile ops read directly."""
+    return isinstance(x, TileTensor) and x._view is None
 
 
 def _full_device(device):
@@ -48,25 +72,33 @@ def without_torch_function(fn):
 
 class TileTensor(torch.Tensor):
     @staticmethod
-    def __new__(cls, tiles, shape=None, device=None, requires_grad=False):
+    def __new__(cls, tiles, shape=None, device=None, requires_grad=False, view=None):
+        """view: None (the values are the tiles' elements in order), or (strides, offset) into those elements."""
         shape = tuple(tiles.shape if shape is None else shape)
-        if math.prod(shape) != math.prod(tiles.shape):
-            raise ValueError(f"shape {shape} does not hold the {math.prod(tiles.shape)} elements of tiles of "
-                             f"shape {tuple(tiles.shape)}")
-        r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=_DTYPES[tiles.dtype],
-                                                device=_full_device(device), requires_grad=requires_grad)
+        if view is None:
+            if math.prod(shape) != math.prod(tiles.shape):
+                raise ValueError(f"shape {shape} does not hold the {math.prod(tiles.shape)} elements of tiles of "
+                                 f"shape {tuple(tiles.shape)}")
+            r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=_DTYPES[tiles.dtype],
+                                                    device=_full_device(device), requires_grad=requires_grad)
+        else:
+            r = torch.Tensor._make_wrapper_subclass(cls, shape, strides=tuple(view[0]), storage_offset=int(view[1]),
+                                                    dtype=_DTYPES[tiles.dtype], device=_full_device(device),
+                                                    requires_grad=requires_grad)
         r._tiles = tiles
+        r._view = None if view is None else (tuple(view[0]), int(view[1]))
         r._dense_cache = None
         return r
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        # F.cross_entropy on tiled logits becomes tile tasks (it would otherwise materialize the logits); every
-        # other function goes straight to __torch_dispatch__.
+        # Functions that become tile tasks on TileTensors (F.cross_entropy on tiled logits, F.layer_norm,
+        # F.gelu, F.dropout, F.scaled_dot_product_attention, ...: FUNCTIONS); each returns NotImplemented for
+        # what it does not cover, which then runs as torch code (recorded: convert_report, strict mode).
         # Everything else (every .shape, .dtype, ... too: ~12k calls per GPT-2 step) takes torch's own C path.
-        if func is _cross_entropy:
-            from .functional import tiled_cross_entropy
-            out = tiled_cross_entropy(*args, **(kwargs or {}))
+        tiled = FUNCTIONS.get(func)
+        if tiled is not None:
+            out = tiled(*args, **(kwargs or {}))
             if out is not NotImplemented:
                 return out
         return _disabled_torch_function(func, types, args, kwargs or {})
@@ -97,17 +129,35 @@ class TileTensor(torch.Tensor):
         return self._tiles
 
     def materialize(self):
-        """Dense copy on this tensor's device (waits for the tasks writing the tiles). Do not modify it."""
+        """Dense copy on this tensor's device (waits for the tasks writing the tiles), cached until the tiles
+        change. It is a copy: writing to it does not change the tiles (write to the TileTensor itself), and the
+        next materialize() raises if it was written, rather than hand out values the tiles do not hold."""
         ensure_init()
         version = self._tiles.version
-        if self._dense_cache is None or self._dense_cache[0] != version:
-            dense = self._tiles.to_dense(self.device).reshape(self.shape)
-            self._dense_cache = (version, dense)
-        return self._dense_cache[1]
+        cache = self._dense_cache
+        if cache is not None and cache[0] == version:
+            if cache[1]._version != cache[2]:
+                raise RuntimeError("the dense copy of a TileTensor (from materialize()) was written in place; it does "
+                                   "not write to the tiles, which still hold the old values: write to the TileTensor "
+                                   "itself (t.copy_(...), t[...] = ...), which writes through")
+            return cache[1]
+        dense = self._tiles.to_dense(self.device)
+        if self._view is None:
+            dense = dense.reshape(self.shape)
+        else:
+            dense = dense.reshape(-1).as_strided(self.shape, *self._view)
+        self._dense_cache = (version, dense, dense._version)
+        return dense
 
     def _write(self, dense):
+        """Writes `dense` (this tensor's shape) into the tiles; a view writes its own elements through to them."""
         ensure_init()
-        self._tiles.from_dense(dense.reshape(tuple(self._tiles.shape)))
+        if self._view is None:
+            self._tiles.from_dense(dense.reshape(tuple(self._tiles.shape)))
+            return
+        base = self._tiles.to_dense(self.device).reshape(-1)
+        base.as_strided(self.shape, *self._view).copy_(dense)
+        self._tiles.from_dense(base.reshape(tuple(self._tiles.shape)))
 
     def __deepcopy__(self, memo):
         """New tiles with the same values (a copy task per tile, no wait); requires_grad, the parameter flag and
@@ -116,6 +166,11 @@ class TileTensor(torch.Tensor):
             return memo[id(self)]
         ensure_init()
         t = self._tiles
+        if self._view is not None:
+            n = self.numel()  # a view: a plain copy of its own values
+            new = TileTensor.from_dense(self.materialize().contiguous(), [min(n, 1 << 20)], (n,))
+            memo[id(self)] = new
+            return new
         if t.dtype == "float32":
             tiles = _copy_tiles(self)
         else:
@@ -131,7 +186,8 @@ class TileTensor(torch.Tensor):
 
     def __repr__(self, *, tensor_contents=None):
         t = self._tiles
-        return (f"TileTensor(shape={tuple(self.shape)}, tiles={tuple(t.tile_shape)} x {tuple(t.grid)}, "
+        view = "" if self._view is None else f", view of strides {self._view[0]} at offset {self._view[1]}"
+        return (f"TileTensor(shape={tuple(self.shape)}, tiles={tuple(t.tile_shape)} x {tuple(t.grid)}{view}, "
                 f"device={self.device}, dtype={self.dtype})\n{self.materialize()!r}")
 
     # --- dispatch -----------------------------------------------------------------------------------------
@@ -140,6 +196,8 @@ class TileTensor(torch.Tensor):
         kwargs = kwargs or {}
         ensure_init()
         handler = _HANDLERS.get(func)
+        if handler is None and _is_view_op(func):
+            handler = functools.partial(_view_op, func)
         if handler is not None:
             out = handler(*args, **kwargs)
             if out is not NotImplemented:
@@ -163,11 +221,12 @@ def _copy_tiles(src):
 
 
 def _same_tiles(a, b):
-    return isinstance(a, TileTensor) and isinstance(b, TileTensor) and a.shape == b.shape \
-        and a._tiles.same_tiling(b._tiles) and a.dtype == torch.float32
+    return plain(a) and plain(b) and a.shape == b.shape and a._tiles.same_tiling(b._tiles) and a.dtype == torch.float32
 
 
 def _detach(self):
+    if self._view is not None:
+        return TileTensor(self._tiles, self.shape, self.device, view=self._view)
     return _like(self, self._tiles)
 
 
@@ -176,8 +235,8 @@ def _as_tiles_of(like, other):
     tensor that broadcasts to its shape (no wait: fresh tiles), else None (left to torch)."""
     if _same_tiles(like, other):
         return other
-    if isinstance(other, torch.Tensor) and not isinstance(other, TileTensor) and other.dtype == torch.float32 \
-            and like.dtype == torch.float32 and other.device == like.device:
+    if plain(like) and isinstance(other, torch.Tensor) and not isinstance(other, TileTensor) \
+            and other.dtype == torch.float32 and like.dtype == torch.float32 and other.device == like.device:
         try:
             if torch.broadcast_shapes(other.shape, like.shape) != like.shape:
                 return None
@@ -192,7 +251,7 @@ def _as_tiles_of(like, other):
 
 def _add_(self, other, alpha=1):
     # Gradient accumulation lands here (a dense gradient from torch code meeting a tiled one): stays tasks.
-    o = _as_tiles_of(self, other) if isinstance(self, TileTensor) else None
+    o = _as_tiles_of(self, other) if plain(self) else None
     if o is None:
         return NotImplemented
     _C.add(float(alpha), o._tiles, 1.0, self._tiles)
@@ -202,7 +261,7 @@ def _add_(self, other, alpha=1):
 def _block_operand(big, small):
     """The (r, C) tiles of `small` when it broadcasts over `big`'s leading dimensions in a way add_blocks and
     sum_blocks cover (big's row tiles hold whole blocks of r rows, same column tiles); else None."""
-    if not (isinstance(big, TileTensor) and isinstance(small, TileTensor)) or big.device != small.device \
+    if not (plain(big) and plain(small)) or big.device != small.device \
             or big.dtype != torch.float32 or small.dtype != torch.float32:
         return None
     ss = tuple(small.shape)
@@ -240,7 +299,7 @@ def _add(self, other, alpha=1):
 
 def _copy_(self, src, non_blocking=False):
     if not isinstance(self, TileTensor):
-        return NotImplemented
+        return NotImplemented  # a dense destination: torch code reads the source
     if _same_tiles(self, src):
         _C.add(1.0, src._tiles, 0.0, self._tiles)
     else:
@@ -251,40 +310,120 @@ def _copy_(self, src, non_blocking=False):
 
 def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     # A device move of a float32 TileTensor copies tiles (tasks, no wait); StarPU decides where they live.
-    if dtype not in (None, self.dtype) or layout not in (None, torch.strided) or self.dtype != torch.float32:
+    if dtype not in (None, self.dtype) or layout not in (None, torch.strided) or self.dtype != torch.float32 \
+            or not plain(self):
         return NotImplemented
     return _like(self, _copy_tiles(self), torch.device(device) if device is not None else self.device)
 
 
 def _clone(self, memory_format=None):
-    if self.dtype != torch.float32:
+    if self.dtype != torch.float32 or not plain(self):
         return NotImplemented
     return _like(self, _copy_tiles(self))
 
 
-def _slice(self, dim=0, start=None, end=None, step=1):
-    # A slice that keeps everything (Hugging Face slices hidden states before the LM head this way).
-    size = self.shape[dim]
-    if step == 1 and start in (None, 0) and (end is None or end >= size):
-        return _like(self, self._tiles)
-    return NotImplemented
-
-
 def _view(self, size):
-    # Views that keep the last dimension keep the tiling valid (tiles hold the row-major matrix
-    # (prod(leading), last)): an alias with another logical shape, sharing the tiles as a view shares storage.
+    # Any shape with the same elements in the same order: an alias of the same tiles, as a view of a contiguous
+    # tensor shares its storage (the values are the tiles' row-major elements whatever the logical shape).
+    if not plain(self):
+        return _view_op(aten.view.default, self, size)
     size = list(size)
     if -1 in size:
         known = math.prod(v for v in size if v != -1)
         size[size.index(-1)] = self.numel() // known if known else 0
-    if math.prod(size) != self.numel() or not size or size[-1] != self.shape[-1]:
+    if math.prod(size) != self.numel():
         return NotImplemented
     return TileTensor(self._tiles, size, self.device)
 
 
+_VIEW_OPS = {}
+
+
+def _is_view_op(func):
+    """Whether func returns views of its first argument (view, split, transpose, select, slice, expand, ...)."""
+    known = _VIEW_OPS.get(func)
+    if known is None:
+        s = func._schema
+        first = s.arguments[0].alias_info if s.arguments else None
+        known = (first is not None and not first.is_write and bool(s.returns)
+                 and all(r.alias_info is not None and not r.alias_info.is_write for r in s.returns))
+        _VIEW_OPS[func] = known
+    return known
+
+
+def _meta_of(x):
+    """A meta tensor with x's shape, strides and offset into its tiles' elements: what a view op would give."""
+    base = torch.empty(math.prod(x._tiles.shape), dtype=x.dtype, device="meta")
+    return base.as_strided(tuple(x.shape), tuple(x.stride()), x.storage_offset())
+
+
+def view_of(tiles, shape, strides, offset, device):
+    """A TileTensor over `tiles` with that geometry: a plain one when it is the tiles' elements in order."""
+    shape = tuple(shape)
+    if offset == 0 and math.prod(shape) == math.prod(tiles.shape) \
+            and all(st == c for n, st, c in zip(shape, strides, contiguous_strides(shape)) if n != 1):
+        return TileTensor(tiles, shape, device)
+    return TileTensor(tiles, shape, device, view=(tuple(strides), offset))
+
+
+def _view_op(func, *args, **kwargs):
+    # The op runs on a meta tensor of x's geometry (torch's own rules and errors: a view that cannot be one raises
+    # as it does on dense tensors); its results' strides and offsets are the views'.
+    x = args[0]
+    if not isinstance(x, TileTensor) or any(isinstance(a, TileTensor) for a in args[1:]):
+        return NotImplemented
+    try:
+        out = func(_meta_of(x), *args[1:], **kwargs)
+    except RuntimeError:
+        return NotImplemented  # not a view of these strides: the dense path does what torch does (or raises)
+
+    bf16 = getattr(x, "_nntile_bf16", False)
+
+    def as_view(r):
+        if not isinstance(r, torch.Tensor) or r.dtype != x.dtype:
+            raise _NotAView
+        v = view_of(x._tiles, r.shape, r.stride(), r.storage_offset(), x.device)
+        if bf16:
+            v._nntile_bf16 = True  # made by a bf16 layer: attention on it runs in bf16 too
+        return v
+    try:
+        return type(out)(as_view(r) for r in out) if isinstance(out, (list, tuple)) else as_view(out)
+    except _NotAView:
+        return NotImplemented
+
+
+class _NotAView(Exception):
+    pass
+
+
+def _cat(tensors, dim=0):
+    # Pieces that are adjacent views of the same tiles and together are all of them in order: the tiles
+    # themselves (autograd's backward of a split: the q, k, v gradients of an attention back into one matrix).
+    if not tensors or not all(isinstance(t, TileTensor) for t in tensors):
+        return NotImplemented
+    tiles = tensors[0]._tiles
+    nd = tensors[0].dim()
+    dim %= nd
+    shape = list(tensors[0].shape)
+    shape[dim] = sum(t.shape[dim] for t in tensors)
+    strides = contiguous_strides(shape)
+    offset = 0
+    for t in tensors:
+        if t._tiles is not tiles or t.dim() != nd or t.storage_offset() != offset or any(
+                t.shape[d] != shape[d] for d in range(nd) if d != dim) or any(
+                t.stride(d) != strides[d] for d in range(nd) if t.shape[d] != 1):
+            return NotImplemented
+        offset += t.shape[dim] * strides[dim]
+    # Each piece has the concatenation's contiguous strides and starts where the one before it ends along dim: its
+    # elements sit where the concatenation's are; together they are all the tiles' elements.
+    if math.prod(shape) != math.prod(tiles.shape):
+        return NotImplemented
+    return TileTensor(tiles, shape, tensors[0].device)
+
+
 def _sum(self, dim=None, keepdim=False, dtype=None):
     """Sums over leading dimensions (autograd's reduction for a broadcast add) as block-sum tasks."""
-    if dtype is not None or dim is None or self.dtype != torch.float32:
+    if dtype is not None or dim is None or self.dtype != torch.float32 or not plain(self):
         return NotImplemented
     nd = self.dim()
     dims = sorted(d % nd for d in (dim if isinstance(dim, (list, tuple)) else [dim]))
@@ -315,8 +454,8 @@ _HANDLERS = {
     aten.ones_like.default: _factory_like(1),
     aten.zeros_like.default: _factory_like(0),
     aten.full_like.default: _factory_like(None),
-    aten.slice.Tensor: _slice,
     aten.view.default: _view,
+    aten.cat.default: _cat,
     aten._unsafe_view.default: _view,
     aten.detach.default: _detach,
     aten.alias.default: _detach,
@@ -329,7 +468,10 @@ _HANDLERS = {
 
 
 def _dense_fallback(func, args, kwargs):
-    """Runs `func` on dense copies; TileTensors that `func` writes get the result written back."""
+    """Runs `func` on dense copies; TileTensors that `func` writes get the result written back. Inside a converted
+    model's forward this is recorded (convert_report), warned about, or raised in strict mode (report.note_dense)."""
+    from .report import note_dense
+    note_dense(func)
     mutated = set()
     for i, a in enumerate(func._schema.arguments):
         if a.alias_info is not None and a.alias_info.is_write:

@@ -1,4 +1,4 @@
-// Codelets for causal self-attention forward and backward on a tile of whole sequences.
+// Codelets for self-attention forward and backward on a tile of whole sequences (causal, or with a mask tile).
 #include "../kernels/attention.h"
 #include "codelet_util.h"
 #include "codelets.h"
@@ -11,26 +11,31 @@ struct AttentionArgs {
     int64_t nseq, seq, c, nheads;
     float scale;
     bool bf16;
+    bool masked;  // a mask tile follows qkv in the buffers
 };
 
 uint32_t attention_footprint(starpu_task *task) {
     const auto &a = args_of<AttentionArgs>(task);
-    return hash_ints({a.nseq, a.seq, a.c, a.nheads, a.bf16 ? 1 : 0});
+    return hash_ints({a.nseq, a.seq, a.c, a.nheads, a.bf16 ? 1 : 0, a.masked ? 1 : 0});
 }
 
 template <bool Cuda>
-void fwd_func(void *buffers[], void *cl_arg) {  // buffers: qkv, y
+void fwd_func(void *buffers[], void *cl_arg) {  // buffers: qkv, [mask], y
     auto *a = static_cast<AttentionArgs *>(cl_arg);
+    const float *mask = a->masked ? (const float *)STARPU_VECTOR_GET_PTR(buffers[1]) : nullptr;
     kernels::attention_forward(where<Cuda>(), a->nseq, a->seq, a->c, a->nheads, a->scale, a->bf16,
-                               (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
+                               (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), mask,
+                               (float *)STARPU_VECTOR_GET_PTR(buffers[a->masked ? 2 : 1]));
 }
 
 template <bool Cuda>
-void bwd_func(void *buffers[], void *cl_arg) {  // buffers: dy, qkv, dqkv
+void bwd_func(void *buffers[], void *cl_arg) {  // buffers: dy, qkv, [mask], dqkv
     auto *a = static_cast<AttentionArgs *>(cl_arg);
+    const float *mask = a->masked ? (const float *)STARPU_VECTOR_GET_PTR(buffers[2]) : nullptr;
     kernels::attention_backward(where<Cuda>(), a->nseq, a->seq, a->c, a->nheads, a->scale, a->bf16,
                                 (const float *)STARPU_VECTOR_GET_PTR(buffers[0]),
-                                (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), (float *)STARPU_VECTOR_GET_PTR(buffers[2]));
+                                (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), mask,
+                                (float *)STARPU_VECTOR_GET_PTR(buffers[a->masked ? 3 : 2]));
 }
 
 starpu_codelet *cl_fwd() {
@@ -49,22 +54,32 @@ starpu_codelet *cl_bwd() {
 }  // namespace
 
 void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                              starpu_data_handle_t qkv, starpu_data_handle_t y) {
-    double flops = 4.0 * nseq * seq * seq * c / 2;  // causal: half of QK^T and PV
-    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_fwd(), STARPU_R, qkv, STARPU_W, y, STARPU_CL_ARGS,
-                                           cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16}), sizeof(AttentionArgs), STARPU_FLOPS,
-                                           flops, STARPU_NAME, "attention_forward", 0),
-                        "submitting attention_forward seq=" << seq << " c=" << c);
+                              starpu_data_handle_t qkv, starpu_data_handle_t mask, starpu_data_handle_t y) {
+    const bool masked = mask != nullptr;
+    double flops = 4.0 * nseq * seq * seq * c / (masked ? 1 : 2);  // causal: half of QK^T and PV
+    auto *args = cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16, masked});
+    int ret = masked ? NNTILE_TASK_INSERT(cl_fwd(), STARPU_R, qkv, STARPU_R, mask, STARPU_W, y, STARPU_CL_ARGS, args,
+                                          sizeof(AttentionArgs), STARPU_FLOPS, flops, STARPU_NAME,
+                                          "attention_forward_masked", 0)
+                     : NNTILE_TASK_INSERT(cl_fwd(), STARPU_R, qkv, STARPU_W, y, STARPU_CL_ARGS, args,
+                                          sizeof(AttentionArgs), STARPU_FLOPS, flops, STARPU_NAME, "attention_forward", 0);
+    NNTILE_STARPU_CHECK(ret, "submitting attention_forward seq=" << seq << " c=" << c << " masked=" << masked);
     count_task();
 }
 
 void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                               starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t dqkv) {
-    double flops = 3.5 * 4.0 * nseq * seq * seq * c / 2;  // recomputed forward + backward
-    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_bwd(), STARPU_R, dy, STARPU_R, qkv, STARPU_W, dqkv, STARPU_CL_ARGS,
-                                           cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16}), sizeof(AttentionArgs), STARPU_FLOPS,
-                                           flops, STARPU_NAME, "attention_backward", 0),
-                        "submitting attention_backward seq=" << seq << " c=" << c);
+                               starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t mask,
+                               starpu_data_handle_t dqkv) {
+    const bool masked = mask != nullptr;
+    double flops = 3.5 * 4.0 * nseq * seq * seq * c / (masked ? 1 : 2);  // recomputed forward + backward
+    auto *args = cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16, masked});
+    int ret = masked ? NNTILE_TASK_INSERT(cl_bwd(), STARPU_R, dy, STARPU_R, qkv, STARPU_R, mask, STARPU_W, dqkv,
+                                          STARPU_CL_ARGS, args, sizeof(AttentionArgs), STARPU_FLOPS, flops, STARPU_NAME,
+                                          "attention_backward_masked", 0)
+                     : NNTILE_TASK_INSERT(cl_bwd(), STARPU_R, dy, STARPU_R, qkv, STARPU_W, dqkv, STARPU_CL_ARGS, args,
+                                          sizeof(AttentionArgs), STARPU_FLOPS, flops, STARPU_NAME, "attention_backward",
+                                          0);
+    NNTILE_STARPU_CHECK(ret, "submitting attention_backward seq=" << seq << " c=" << c << " masked=" << masked);
     count_task();
 }
 

@@ -36,12 +36,18 @@ void submit_layer_norm_backward(int64_t m, int64_t c, starpu_data_handle_t dy, s
                                 starpu_data_handle_t mean, starpu_data_handle_t rstd, starpu_data_handle_t weight,
                                 starpu_data_handle_t dx, starpu_data_handle_t dweight, starpu_data_handle_t dbias,
                                 float beta);
-// Causal self-attention over nseq whole sequences in one tile: qkv (nseq * seq, 3c) -> y (nseq * seq, c);
-// backward writes dqkv. bf16: computed in bfloat16 (float32 tiles in and out).
+// Self-attention over nseq whole sequences in one tile: qkv (nseq * seq, 3c) -> y (nseq * seq, c); backward
+// writes dqkv. mask: nullptr (causal) or an additive float mask tile (nseq * seq, seq). bf16: computed in
+// bfloat16 (float32 tiles in and out).
 void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                              starpu_data_handle_t qkv, starpu_data_handle_t y);
+                              starpu_data_handle_t qkv, starpu_data_handle_t mask, starpu_data_handle_t y);
 void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                               starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t dqkv);
+                               starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t mask,
+                               starpu_data_handle_t dqkv);
+// Records a task error (raised at the host's next wait) when an integer tile (n values) holds a value outside
+// [lo, hi) other than `ignore`; `what` names the check in the message.
+void submit_index_check(int64_t n, int64_t lo, int64_t hi, int64_t ignore, const std::string &what,
+                        starpu_data_handle_t ids);
 // out (m, c) = (first ? 0 : out) + the rows of table (rows, c) picked by ids in [lo, lo + rows); backward:
 // dtable (rows, c) = (first ? 0 : dtable) + the dy rows of those ids.
 void submit_embedding_forward(int64_t m, int64_t rows, int64_t c, int64_t lo, bool first, starpu_data_handle_t ids,

@@ -1,4 +1,5 @@
-// Causal self-attention through ATen's scaled_dot_product_attention on tiles (CPU and CUDA).
+// Self-attention through ATen's scaled_dot_product_attention on tiles (CPU and CUDA): causal, or with an additive
+// float mask (padding masks from Hugging Face, causality included in the mask).
 #include "attention.h"
 
 #include <ATen/ATen.h>
@@ -65,8 +66,24 @@ void flash_failed(const char *what, const c10::Error &e) {
                      e.what_without_backtrace());
 }
 
-Forward attend(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, float scale) {
-    if (use_flash(w, q)) {
+// The mask (nseq * seq, seq) as the attention bias (nseq, nheads, seq, seq) each kernel takes, in q's dtype. The
+// memory-efficient CUDA kernel wants the bias rows 16-aligned: padded then narrowed, as torch's own
+// scaled_dot_product_attention prepares it (a broadcast over heads, not a copy).
+at::Tensor attention_bias(const Where &w, const float *mask, int64_t nseq, int64_t seq, int64_t nheads,
+                          const at::Tensor &q) {
+    if (!mask) return at::Tensor();
+    auto m = wrap(mask, {nseq, 1, seq, seq}, w).to(q.scalar_type());
+    if (!w.cuda) return m;
+    const int64_t pad = (16 - seq % 16) % 16;
+    if (pad) m = at::constant_pad_nd(m, {0, pad}).narrow(3, 0, seq);
+    return m.expand({nseq, nheads, seq, seq});
+}
+
+Forward attend(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, float scale,
+               const at::Tensor &bias) {
+    const bool causal = !bias.defined();
+    const std::optional<at::Tensor> mask = causal ? std::nullopt : std::optional<at::Tensor>(bias);
+    if (causal && use_flash(w, q)) {
         try {
             auto [out, lse, cq, ck, mq, mk, rng, unused, dbg] = at::_scaled_dot_product_flash_attention(
                 q, k, v, /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, (double)scale);
@@ -83,32 +100,33 @@ Forward attend(const Where &w, const at::Tensor &q, const at::Tensor &k, const a
     }
     if (w.cuda) {
         auto [out, lse, seed, offset] = at::_scaled_dot_product_efficient_attention(
-            q, k, v, /*attn_bias=*/std::nullopt, /*compute_log_sumexp=*/true, /*dropout_p=*/0.0,
-            /*is_causal=*/true, (double)scale);
+            q, k, v, mask, /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, causal, (double)scale);
         return {out, lse, seed, offset};
     }
-    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, /*is_causal=*/true,
-                                                                      std::nullopt, (double)scale);
+    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, mask, (double)scale);
     return {out, lse, {}, {}};
 }
 }  // namespace
 
 void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                       const float *qkv, float *y) {
+                       const float *qkv, const float *mask, float *y) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads, bf16);
-    auto f = attend(w, q, k, v, scale);
+    auto f = attend(w, q, k, v, scale, attention_bias(w, mask, nseq, seq, nheads, q));
     wrap(y, {nseq, seq, nheads, c / nheads}, w).copy_(unpad(f.out, c / nheads));
 }
 
 void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                        const float *dy, const float *qkv, float *dqkv) {
+                        const float *dy, const float *qkv, const float *mask, float *dqkv) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     int64_t hd = c / nheads, hp = padded_hd(w, hd);
     auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads, bf16);
-    auto f = attend(w, q, k, v, scale);  // recomputed: nothing of the forward is kept between the passes
+    const at::Tensor bias = attention_bias(w, mask, nseq, seq, nheads, q);
+    const bool causal = !bias.defined();
+    const std::optional<at::Tensor> opt_bias = causal ? std::nullopt : std::optional<at::Tensor>(bias);
+    auto f = attend(w, q, k, v, scale, bias);  // recomputed: nothing of the forward is kept between the passes
     auto g = wrap(dy, {nseq, seq, nheads, hd}, w);
     if (bf16) g = g.to(at::kBFloat16);
     g = (hp == hd ? g : at::constant_pad_nd(g, {0, hp - hd})).transpose(1, 2);
@@ -120,16 +138,16 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
                 f.philox_seed, f.philox_offset, (double)scale);
         } catch (const c10::Error &e) {
             flash_failed("backward", e);
-            f = attend(w, q, k, v, scale);  // memory-efficient from now on
+            f = attend(w, q, k, v, scale, bias);  // memory-efficient from now on
         }
     }
     if (!gq.defined() && w.cuda) {
         std::tie(gq, gk, gv, std::ignore) = at::_scaled_dot_product_efficient_attention_backward(
-            g, q, k, v, at::Tensor(), f.out, f.logsumexp, f.philox_seed, f.philox_offset, 0.0,
-            {true, true, true, false}, /*is_causal=*/true, (double)scale);
+            g, q, k, v, bias, f.out, f.logsumexp, f.philox_seed, f.philox_offset, 0.0, {true, true, true, false},
+            causal, (double)scale);
     } else if (!gq.defined()) {
         std::tie(gq, gk, gv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-            g, q, k, v, f.out, f.logsumexp, 0.0, /*is_causal=*/true, std::nullopt, (double)scale);
+            g, q, k, v, f.out, f.logsumexp, 0.0, causal, opt_bias, (double)scale);
     }
     auto out = wrap(dqkv, {nseq, seq, 3, nheads, c / nheads}, w);
     out.select(2, 0).copy_(unpad(gq, hd));

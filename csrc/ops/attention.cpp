@@ -1,4 +1,4 @@
-// Tiled causal self-attention: one task per row tile (a whole number of sequences).
+// Tiled self-attention (causal, or with a mask): one task per row tile (a whole number of sequences).
 #include "../codelets/codelets.h"
 #include "ops.h"
 
@@ -18,27 +18,40 @@ void check(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, const ch
                      y.tile_shape()[0] == qkv.tile_shape()[0] && y.grid()[1] == 1,
                  op << ": output must be (" << qkv.shape()[0] << ", " << c << ") tiled by qkv's rows");
 }
+
+void check_mask(TileTensor &qkv, TileTensor *mask, int64_t seq, const char *op) {
+    if (!mask) return;
+    NNTILE_CHECK(mask->dtype() == DType::f32 && mask->ndim() == 2 && mask->shape()[0] == qkv.shape()[0] &&
+                     mask->shape()[1] == seq && mask->tile_shape()[0] == qkv.tile_shape()[0] && mask->grid()[1] == 1,
+                 op << ": the mask must be float32 (" << qkv.shape()[0] << ", " << seq << ") tiled by qkv's "
+                    << qkv.tile_shape()[0] << " rows (got shape " << c10::IntArrayRef(mask->shape()) << ", tiles "
+                    << c10::IntArrayRef(mask->tile_shape()) << ")");
+}
 }  // namespace
 
-void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale, bool bf16) {
+void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale, bool bf16,
+                       TileTensor *mask) {
     check(qkv, y, seq, nheads, "attention");
+    check_mask(qkv, mask, seq, "attention");
     int64_t c = y.shape()[1];
     for (int64_t i = 0; i < qkv.grid()[0]; ++i) {
         OnWorker on(placement_worker(i));
-        codelets::submit_attention_forward(qkv.tile_extent(0, i) / seq, seq, c, nheads, scale, bf16, qkv.handle(i), y.handle(i));
+        codelets::submit_attention_forward(qkv.tile_extent(0, i) / seq, seq, c, nheads, scale, bf16, qkv.handle(i),
+                                           mask ? mask->handle(i) : nullptr, y.handle(i));
     }
     y.bump_version();
 }
 
 void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale,
-                        bool bf16) {
+                        bool bf16, TileTensor *mask) {
     check(qkv, dy, seq, nheads, "attention_backward");
+    check_mask(qkv, mask, seq, "attention_backward");
     NNTILE_CHECK(dqkv.same_tiling(qkv), "attention_backward: dqkv must be tiled like qkv");
     int64_t c = dy.shape()[1];
     for (int64_t i = 0; i < qkv.grid()[0]; ++i) {
         OnWorker on(placement_worker(i));
         codelets::submit_attention_backward(qkv.tile_extent(0, i) / seq, seq, c, nheads, scale, bf16, dy.handle(i),
-                                            qkv.handle(i), dqkv.handle(i));
+                                            qkv.handle(i), mask ? mask->handle(i) : nullptr, dqkv.handle(i));
     }
     dqkv.bump_version();
 }

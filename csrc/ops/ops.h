@@ -31,12 +31,18 @@ void layer_norm_forward(TileTensor &x, TileTensor &weight, TileTensor &bias, flo
                         TileTensor &mean, TileTensor &rstd);
 void layer_norm_backward(TileTensor &dy, TileTensor &x, TileTensor &mean, TileTensor &rstd, TileTensor &weight,
                          TileTensor &dx, TileTensor &dweight, TileTensor &dbias);
-// Causal self-attention: qkv (M, 3C) in tiles of whole rows holding whole sequences of `seq` positions
+// Self-attention: qkv (M, 3C) in tiles of whole rows holding whole sequences of `seq` positions
 // (row tile a multiple of seq) -> y (M, C), tiled by the same rows. Backward: dqkv tiled like qkv.
+// mask: nullptr for causal attention, else an additive float mask (M, seq) tiled by qkv's rows (row s * seq + i:
+// query i of sequence s against each key; causality is then the mask's).
 // bf16: the kernel computes in bfloat16 (as torch under bf16 autocast); tiles stay float32.
-void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale, bool bf16);
+void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale, bool bf16,
+                       TileTensor *mask = nullptr);
 void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale,
-                        bool bf16);
+                        bool bf16, TileTensor *mask = nullptr);
+// A task per tile of the integer tensor ids that records an error (raised at the host's next wait, e.g.
+// loss.item()) when a value lies outside [lo, hi) and is not `ignore`: index checks without a host read.
+void index_check(TileTensor &ids, int64_t lo, int64_t hi, int64_t ignore, const std::string &what);
 // Embedding lookup: ids (M) int64 tiled (bt), table (V, C) in tiles of whole rows (tv, C), out (M, C) tiled
 // (bt, C). One task per (row tile, vocabulary tile); backward overwrites dtable (tiled like table).
 void embedding_forward(TileTensor &ids, TileTensor &table, TileTensor &out);

@@ -46,6 +46,11 @@ std::atomic<int64_t> &live_bytes() {
     return b;
 }
 
+std::atomic<int64_t> &stream_syncs() {
+    static std::atomic<int64_t> n{0};
+    return n;
+}
+
 std::atomic<int64_t> &peak_bytes() {
     static std::atomic<int64_t> b{0};
     return b;
@@ -235,11 +240,14 @@ class HostWait {
 };
 
 // Copies between a tile and a dense block, on `node` (main RAM or the GPU of `device`), with the tile acquired
-// in `mode`. GPU copies run on torch's current stream, synchronized before the tile is released.
+// in `mode`. GPU copies run on torch's current stream, synchronized before the tile is released. Returns whether
+// the acquisition had to wait for tasks still using the tile (writing into a tile that tasks read or write).
 template <class F>
-void with_tile(starpu_data_handle_t h, int node, starpu_data_access_mode mode, F &&f) {
+bool with_tile(starpu_data_handle_t h, int node, starpu_data_access_mode mode, F &&f) {
     KeepCudaDevice keep;  // acquiring may allocate the tile on a GPU from this thread
-    {
+    bool waited = false;
+    if (starpu_data_acquire_on_node_try(h, node, mode) != 0) {  // tasks before it: a blocking wait
+        waited = true;
         HostWait wait(node, mode == STARPU_W);
         NNTILE_STARPU_CHECK(starpu_data_acquire_on_node(h, node, mode), "acquiring a tile on node " << node);
     }
@@ -250,6 +258,7 @@ void with_tile(starpu_data_handle_t h, int node, starpu_data_access_mode mode, F
         throw;
     }
     starpu_data_release_on_node(h, node);
+    return waited;
 }
 
 // The dense sub-block that tile `index` covers.
@@ -410,14 +419,19 @@ void TileTensor::from_dense(const torch::Tensor &src) {
     } else {
         opts = opts.device(src.device());
     }
+    // A host wait when a tile is still used by tasks (a write into a live tensor, not into fresh tiles): counted once
+    // per call, as to_dense is. A CUDA source synchronizes torch's stream: counted in torch_stream_syncs.
+    bool waited = false;
+    if (src.is_cuda()) stream_syncs().fetch_add(1, std::memory_order_relaxed);
     for (int64_t t = 0; t < ntiles(); ++t) {
         auto ext = tile_extents(t);
         auto block = block_of(dense, tile_index(t), tile_shape_, ext);
-        with_tile(handles_[t], node, STARPU_W, [&](void *ptr) {
+        waited |= with_tile(handles_[t], node, STARPU_W, [&](void *ptr) {
             torch::from_blob(ptr, ext, opts).copy_(block);
             sync_torch_stream(dense);
         });
     }
+    if (waited) count_wait();
     bump_version();
 }
 
@@ -486,6 +500,7 @@ void TileTensor::invalidate() {
 }
 
 int64_t tile_bytes() { return live_bytes().load(); }
+int64_t torch_stream_syncs() { return stream_syncs().load(); }
 int64_t peak_tile_bytes() { return peak_bytes().load(); }
 void reset_peak_tile_bytes() { peak_bytes().store(live_bytes().load()); }
 

@@ -101,6 +101,10 @@ using TileTensorPtr = std::shared_ptr<TileTensor>;
 int64_t tile_bytes();
 int64_t peak_tile_bytes();
 void reset_peak_tile_bytes();
+// Synchronizations of torch's current CUDA stream before a CUDA tensor's values go into tiles (from_dense of a
+// CUDA source): host waits for torch's own queued work, not for nntile's tasks, so counted apart from
+// blocking_waits (a GPU step that takes its token ids and labels as CUDA tensors makes one per tensor).
+int64_t torch_stream_syncs();
 // Name and bytes of every tile tensor whose tiles are registered (where memory goes: nntile_torch.memory_summary).
 struct LiveTileTensor {
     std::string name;

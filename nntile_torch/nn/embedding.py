@@ -10,17 +10,34 @@ from . import _init
 
 
 def check_indices(idx, num_embeddings, what):
-    """Clear errors for bad indices, before any kernel (on a GPU an out-of-range index is a device-side assert)."""
+    """Clear errors for bad indices, before any kernel (on a GPU an out-of-range index is a device-side assert).
+    Indices on the CPU are checked here (no wait); for indices elsewhere (a GPU) a host read would wait for the
+    device, so the range is left to a task (functional.EmbeddingFunction's index_check) and `what` is returned:
+    the error then comes at the next host wait (loss.item())."""
     if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8,
                                                                torch.uint8):
         raise TypeError(f"{what}: indices must be an integer tensor (got "
                         f"{idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__})")
+    if idx.device.type != "cpu":
+        return what
     if idx.numel():
         lo, hi = (int(v) for v in torch.aminmax(idx))  # reads two integers of the input, not tiles
         if lo < 0 or hi >= num_embeddings:
             raise IndexError(f"{what}: index {hi if hi >= num_embeddings else lo} is out of range for "
                              f"{num_embeddings} rows (token ids must be < vocab size, sequences no longer than the "
                              "model's positions)")
+    return None
+
+
+def check_indices_now(idx, num_embeddings, what):
+    """check_indices for an embedding left as torch code: indices on a GPU are read (a host wait, counted)."""
+    if check_indices(idx, num_embeddings, what) is not None and idx.numel():
+        from .. import _C
+        _C.count_wait()
+        lo, hi = (int(v) for v in torch.aminmax(idx))
+        if lo < 0 or hi >= num_embeddings:
+            raise IndexError(f"{what}: index {hi if hi >= num_embeddings else lo} is out of range for "
+                             f"{num_embeddings} rows")
 
 
 class Embedding(nn.Module):
@@ -58,11 +75,12 @@ class Embedding(nn.Module):
 
     @without_torch_function
     def forward(self, ids):
-        check_indices(ids, self.num_embeddings, "Embedding")
+        check = check_indices(ids, self.num_embeddings, "Embedding")
         ensure_init()
         if not isinstance(self.weight, TileTensor) or self.weight.tiles.grid[1] != 1:
+            check_indices_now(ids, self.num_embeddings, "Embedding")
             return nn.functional.embedding(ids, self.weight)  # a weight tied in another tiling: torch code
-        return EmbeddingFunction.apply(ids, self.weight, self.batch_tile_size)
+        return EmbeddingFunction.apply(ids, self.weight, self.batch_tile_size, check)
 
     def extra_repr(self):
         return f"{self.num_embeddings}, {self.embedding_dim}, tile_size={self.tile_size}"

@@ -1,11 +1,16 @@
 """Hugging Face GPT-2 attention as tile tasks: convert() rebinds each GPT2Attention's forward to this one, which
-keeps the module (its class, children and state_dict keys) and falls back to the original forward for what it
-does not cover (key/value caches, padding masks, cross-attention, attention dropout, returned weights)."""
+keeps the module (its class, children and state_dict keys) and runs attention as tile tasks whatever the
+configured attn_implementation ("eager", "sdpa", the default): causal, or with the 4-d mask Hugging Face builds
+from a padding attention_mask (boolean for sdpa, additive float for eager; causality included). What it does not
+cover (key/value caches, cross-attention, attention dropout in training, returned attention weights, masks that
+differ per head) runs the original forward, recorded as a dense fallback (convert_report; strict mode raises)."""
 import types
 
+import torch
 import torch.nn.functional as F
 
-from ..functional import CausalAttentionFunction, attention_tiles_ok
+from ..functional import CausalAttentionFunction, attention_mask_tiles, attention_tiles_ok
+from ..report import note_dense
 from ..tensor import without_torch_function
 from .linear import Conv1D
 
@@ -21,32 +26,60 @@ def patch_gpt2_attention(m):
         m.forward = types.MethodType(_forward, m)
 
 
+def _uncovered(self, past_key_values, attention_mask, encoder_hidden_states, output_attentions, kwargs):
+    """Why this call cannot run as tile tasks, or None."""
+    if past_key_values is not None or kwargs.get("use_cache", False):
+        return "key/value cache"
+    if encoder_hidden_states is not None or getattr(self, "is_cross_attention", False):
+        return "cross-attention"
+    if output_attentions:
+        return "output_attentions=True"
+    if self.training and getattr(self.attn_dropout, "p", 0.0) > 0:
+        return "attention dropout in training"
+    if not isinstance(self.c_attn, Conv1D):
+        return "c_attn not converted"
+    if attention_mask is not None and not torch.is_tensor(attention_mask):
+        return f"attention mask of type {type(attention_mask).__name__}"
+    return None
+
+
 def _forward(self, hidden_states, past_key_values=None, attention_mask=None, encoder_hidden_states=None,
              encoder_attention_mask=None, output_attentions=False, **kwargs):
-    covered = (past_key_values is None and attention_mask is None and encoder_hidden_states is None
-               and not output_attentions and not (self.training and getattr(self.attn_dropout, "p", 0.0) > 0)
-               and not getattr(self, "reorder_and_upcast_attn", False) and not getattr(self, "is_cross_attention", False)
-               and isinstance(self.c_attn, Conv1D) and not kwargs.get("use_cache", False))
-    if not covered:
-        return self._nntile_original_forward(hidden_states, past_key_values=past_key_values,
-                                             attention_mask=attention_mask,
-                                             encoder_hidden_states=encoder_hidden_states,
-                                             encoder_attention_mask=encoder_attention_mask,
-                                             output_attentions=output_attentions, **kwargs)
-    return _covered_forward(self, hidden_states)
+    why = _uncovered(self, past_key_values, attention_mask, encoder_hidden_states, output_attentions, kwargs)
+    if why is None:
+        out = _covered_forward(self, hidden_states, attention_mask)
+        if out is not None:
+            return out
+        why = "attention mask that differs per head"
+    note_dense("attention", why)
+    return self._nntile_original_forward(hidden_states, past_key_values=past_key_values,
+                                         attention_mask=attention_mask, encoder_hidden_states=encoder_hidden_states,
+                                         encoder_attention_mask=encoder_attention_mask,
+                                         output_attentions=output_attentions, **kwargs)
 
 
 @without_torch_function
-def _covered_forward(self, hidden_states):
+def _covered_forward(self, hidden_states, attention_mask):
     qkv = self.c_attn(hidden_states)  # (B, T, 3C)
+    b, t, _ = qkv.shape
+    # The attention kernel runs in the precision of the layer feeding it (bf16 as torch under bf16 autocast).
+    bf16 = self.c_attn.precision == "bf16"
     if attention_tiles_ok(qkv):
-        # The attention kernel runs in the precision of the layer feeding it (bf16 as torch under bf16 autocast).
-        y = CausalAttentionFunction.apply(qkv, self.num_heads, float(self.scaling), self.c_attn.precision == "bf16")
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask_tiles(attention_mask, b, t, qkv.tiles.tile_shape[0], qkv.device)
+            if mask is None:
+                return None
+        y = CausalAttentionFunction.apply(qkv, self.num_heads, float(self.scaling), bf16, mask)
     else:  # tiles that do not hold whole rows and sequences: torch's fused attention on the dense values
-        b, t, _ = qkv.shape
+        note_dense("attention", f"qkv tiles {tuple(qkv.tiles.tile_shape)} do not hold whole rows and sequences "
+                                f"of {t} (tile_size >= 3 x width, batch_tile_size a multiple of the sequence length)")
         q, k, v = (z.reshape(b, t, self.num_heads, self.head_dim).transpose(1, 2)
                    for z in qkv.split(self.split_size, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
+        if attention_mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=self.scaling)
         y = y.transpose(1, 2).reshape(b, t, -1)
     out = self.resid_dropout(self.c_proj(y))
     return out, None

@@ -73,8 +73,10 @@ class Linear(nn.Module):
         if x.numel() == 0:
             raise ValueError(f"Linear got an empty input of shape {tuple(x.shape)}")
         ensure_init()
-        return LinearFunction.apply(x, self.weight, self.bias, self.batch_tile_size, self.precision,
-                                    self._w_in_out)
+        y = LinearFunction.apply(x, self.weight, self.bias, self.batch_tile_size, self.precision, self._w_in_out)
+        if self.precision == "bf16":
+            y._nntile_bf16 = True  # attention on this output (F.scaled_dot_product_attention) computes in bf16 too
+        return y
 
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "

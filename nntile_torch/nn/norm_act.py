@@ -23,8 +23,9 @@ def _check_input(x, what):
 class LayerNorm(nn.Module):
     """torch.nn.LayerNorm over the last dimension, as tile tasks: x (*, C) -> y (*, C); weight, bias (C,).
 
-    Same constructor as torch.nn.LayerNorm (normalized_shape must name the last dimension alone;
-    elementwise_affine and bias must be True), plus batch_tile_size (rows per tile; each tile holds whole rows).
+    Same constructor as torch.nn.LayerNorm (normalized_shape must name the last dimension alone; elementwise_affine
+    must be True; bias=False: no bias, as nanoGPT's LayerNorm(bias=False)), plus batch_tile_size (rows per tile;
+    each tile holds whole rows).
     """
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, device=None, dtype=None, *,
@@ -36,8 +37,8 @@ class LayerNorm(nn.Module):
         if len(normalized_shape) != 1 or normalized_shape[0] <= 0:
             raise ValueError(f"nntile_torch.nn.LayerNorm normalizes the last dimension alone: normalized_shape must "
                              f"be one positive int (got {normalized_shape})")
-        if not elementwise_affine or not bias:
-            raise ValueError("nntile_torch.nn.LayerNorm needs elementwise_affine=True and bias=True")
+        if not elementwise_affine:
+            raise ValueError("nntile_torch.nn.LayerNorm needs elementwise_affine=True")
         if dtype not in (None, torch.float32):
             raise TypeError(f"nntile_torch.nn.LayerNorm keeps float32 parameters (got dtype={dtype})")
         self.normalized_shape = normalized_shape
@@ -46,7 +47,10 @@ class LayerNorm(nn.Module):
         self.batch_tile_size = config.check_tile(batch_tile_size, "batch_tile_size") or config.DEFAULT_BATCH_TILE_SIZE
         c = normalized_shape[0]
         self.weight = nn.Parameter(TileTensor.empty((c,), (c,), device, name="weight", persistent=True))
-        self.bias = nn.Parameter(TileTensor.empty((c,), (c,), device, name="bias", persistent=True))
+        if bias:
+            self.bias = nn.Parameter(TileTensor.empty((c,), (c,), device, name="bias", persistent=True))
+        else:
+            self.register_parameter("bias", None)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -54,7 +58,8 @@ class LayerNorm(nn.Module):
             return
         with torch.no_grad():
             self.weight.copy_(torch.ones(self.normalized_shape))
-            self.bias.copy_(torch.zeros(self.normalized_shape))
+            if self.bias is not None:
+                self.bias.copy_(torch.zeros(self.normalized_shape))
 
     @without_torch_function
     def forward(self, x):
@@ -70,7 +75,8 @@ class LayerNorm(nn.Module):
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         for name, p in self._parameters.items():
-            destination[prefix + name] = p if keep_vars else p.materialize().clone()
+            if p is not None:
+                destination[prefix + name] = p if keep_vars else p.materialize().clone()
 
 
 class GELU(nn.Module):
