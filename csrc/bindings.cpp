@@ -261,5 +261,5 @@ PYBIND11_MODULE(_C, m) {
     m.def("convert", &ops::convert, nogil, py::arg("src"), py::arg("dst"));
     m.def("adamw", &ops::adamw, nogil, py::arg("grad"), py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
           py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
-          py::arg("init_state"), py::arg("seed") = 0);
+          py::arg("init_state"), py::arg("seed") = 0, py::arg("copy") = nullptr);
 }

@@ -344,3 +344,41 @@ def test_moments_marked_for_eviction_first_give_the_same_training(tmp_path):
         assert spilled > 0  # tiles went to disk: eviction really ran
         outs.append(w)
     assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["state=fp32", "state=bf16"])
+def test_host_updates_write_the_bf16_copy_in_the_same_task(device, state_dtype):
+    """In bf16 mode AdamW(offload=...) writes the updated weight's bf16 copy from the update's own task: the copy
+    equals the weight rounded to nearest (torch's .to(bfloat16)), and training gives the losses and weights of the
+    separate conversion (offload off, the copy made by a convert task in the next forward), bit for bit on CPUs."""
+    torch.manual_seed(0)
+    ours = torch.nn.Sequential(nt.nn.Linear(37, 29, tile_size=16, batch_tile_size=8, device=device, precision="bf16"),
+                               torch.nn.Tanh(),
+                               nt.nn.Linear(29, 13, tile_size=16, batch_tile_size=8, device=device, precision="bf16"))
+    twin = copy.deepcopy(ours)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # few CPU workers beside a GPU: a speed warning
+        opt = nt.optim.AdamW(ours.parameters(), lr=1e-2, state_dtype=state_dtype, offload=1.0)
+        opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-2, state_dtype=state_dtype)
+    data = batches(4, device)
+    submitted = nt.stats()["tasks_submitted"]
+    losses = train(ours, opt, data)
+    fused_tasks = nt.stats()["tasks_submitted"] - submitted
+    submitted = nt.stats()["tasks_submitted"]
+    losses_t = train(twin, opt_t, data)
+    assert fused_tasks < nt.stats()["tasks_submitted"] - submitted  # no convert task per weight tile and step
+    if device == "cpu":
+        assert losses == losses_t
+    for p, q in zip(ours.parameters(), twin.parameters()):
+        if p.dim() == 2:
+            version, cache = p._bf16_cache
+            assert version == p.tiles.version and cache.name == "weight.bf16"
+            dense = nt.TileTensor(cache, tuple(p.shape), p.device).materialize()
+            assert torch.equal(dense, p.materialize().to(torch.bfloat16))
+        if device == "cpu":
+            assert torch.equal(p.materialize(), q.materialize())
+    with pytest.raises(RuntimeError, match="copy must be bfloat16"):
+        p = next(ours.parameters())
+        st = opt.state[p]
+        nt._C.adamw(p.tiles, p.tiles, st["exp_avg"].tiles, st["exp_avg_sq"].tiles, 1e-3, 0.9, 0.999, 1e-8, 0.0, 9,
+                    False, 0, copy=p.tiles)

@@ -9,14 +9,33 @@ namespace nntile::kernels {
 // the best the processor has is picked at load time: beyond GPU memory the memory plan runs the updates of the host
 // blocks on CPU workers, where they are on the step's critical path (NNTILE_CPU_CLONES, cpu_clones.h).
 
-NNTILE_CPU_CLONES void adamw_cpu(int64_t n, const AdamWScalars &s, const float *__restrict__ grad, float *__restrict__ param,
-               float *__restrict__ exp_avg, float *__restrict__ exp_avg_sq) {
-    for (int64_t i = 0; i < n; ++i) adamw_element(s, grad[i], param[i], exp_avg[i], exp_avg_sq[i]);
+// Two loops each (with and without the bf16 copy), so that neither carries a branch per element.
+NNTILE_CPU_CLONES void adamw_cpu(int64_t n, const AdamWScalars &s, const float *__restrict__ grad,
+                                 float *__restrict__ param, float *__restrict__ exp_avg,
+                                 float *__restrict__ exp_avg_sq, uint16_t *__restrict__ copy) {
+    if (copy) {
+        for (int64_t i = 0; i < n; ++i) {
+            adamw_element(s, grad[i], param[i], exp_avg[i], exp_avg_sq[i]);
+            copy[i] = float_to_bf16_rne(param[i]);
+        }
+    } else {
+        for (int64_t i = 0; i < n; ++i) adamw_element(s, grad[i], param[i], exp_avg[i], exp_avg_sq[i]);
+    }
 }
 
-NNTILE_CPU_CLONES void adamw_bf16state_cpu(int64_t n, const AdamWScalars &s, uint64_t seed, const float *__restrict__ grad,
-                         float *__restrict__ param, uint16_t *__restrict__ exp_avg, uint16_t *__restrict__ exp_avg_sq) {
-    for (int64_t i = 0; i < n; ++i) adamw_element_bf16state(s, seed, i, grad[i], param[i], exp_avg[i], exp_avg_sq[i]);
+NNTILE_CPU_CLONES void adamw_bf16state_cpu(int64_t n, const AdamWScalars &s, uint64_t seed,
+                                           const float *__restrict__ grad, float *__restrict__ param,
+                                           uint16_t *__restrict__ exp_avg, uint16_t *__restrict__ exp_avg_sq,
+                                           uint16_t *__restrict__ copy) {
+    if (copy) {
+        for (int64_t i = 0; i < n; ++i) {
+            adamw_element_bf16state(s, seed, i, grad[i], param[i], exp_avg[i], exp_avg_sq[i]);
+            copy[i] = float_to_bf16_rne(param[i]);
+        }
+    } else {
+        for (int64_t i = 0; i < n; ++i)
+            adamw_element_bf16state(s, seed, i, grad[i], param[i], exp_avg[i], exp_avg_sq[i]);
+    }
 }
 
 }  // namespace nntile::kernels

@@ -20,19 +20,22 @@ struct AdamWScalars {
     float eps;
 };
 
-void adamw_cpu(int64_t n, const AdamWScalars &s, const float *grad, float *param, float *exp_avg, float *exp_avg_sq);
+// copy (may be null): the updated parameter rounded to bf16 (to nearest, ties to even: convert's rounding), written in
+// the same pass (the bf16 weight copy a matmul reads: one read of the parameter less than a separate conversion).
+void adamw_cpu(int64_t n, const AdamWScalars &s, const float *grad, float *param, float *exp_avg, float *exp_avg_sq,
+               uint16_t *copy = nullptr);
 
 // The same update with exp_avg and exp_avg_sq kept in bf16 (raw bits): each step computes them in fp32 from
 // their bf16 values, updates param with those fp32 values, and stores them rounded stochastically (the 16
 // dropped bits are compared with hash(seed, i)), so small updates of exp_avg_sq (beta2 = 0.999: 0.1% of its
 // value, under bf16's 0.4% spacing) are kept on average instead of being rounded away every step.
 void adamw_bf16state_cpu(int64_t n, const AdamWScalars &s, uint64_t seed, const float *grad, float *param,
-                         uint16_t *exp_avg, uint16_t *exp_avg_sq);
+                         uint16_t *exp_avg, uint16_t *exp_avg_sq, uint16_t *copy = nullptr);
 #ifdef NNTILE_USE_CUDA
 void adamw_cuda(cudaStream_t stream, int64_t n, const AdamWScalars &s, const float *grad, float *param,
-                float *exp_avg, float *exp_avg_sq);
+                float *exp_avg, float *exp_avg_sq, uint16_t *copy = nullptr);
 void adamw_bf16state_cuda(cudaStream_t stream, int64_t n, const AdamWScalars &s, uint64_t seed, const float *grad,
-                          float *param, uint16_t *exp_avg, uint16_t *exp_avg_sq);
+                          float *param, uint16_t *exp_avg, uint16_t *exp_avg_sq, uint16_t *copy = nullptr);
 #endif
 
 }  // namespace nntile::kernels

@@ -19,7 +19,7 @@ __device__ __forceinline__ void update(const AdamWScalars &s, uint64_t seed, int
 
 template <class State>
 __global__ void adamw_kernel(int64_t n, AdamWScalars s, uint64_t seed, const float *grad, float *param,
-                             State *exp_avg, State *exp_avg_sq) {
+                             State *exp_avg, State *exp_avg_sq, uint16_t *copy) {
     int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (; i < n; i += stride) {
@@ -27,6 +27,7 @@ __global__ void adamw_kernel(int64_t n, AdamWScalars s, uint64_t seed, const flo
         State m = exp_avg[i], v = exp_avg_sq[i];
         update(s, seed, i, grad[i], p, m, v);
         param[i] = p;
+        if (copy) copy[i] = float_to_bf16_rne(p);
         exp_avg[i] = m;
         exp_avg_sq[i] = v;
     }
@@ -34,10 +35,10 @@ __global__ void adamw_kernel(int64_t n, AdamWScalars s, uint64_t seed, const flo
 
 template <class State>
 void launch(const char *what, cudaStream_t stream, int64_t n, const AdamWScalars &s, uint64_t seed, const float *grad,
-            float *param, State *exp_avg, State *exp_avg_sq) {
+            float *param, State *exp_avg, State *exp_avg_sq, uint16_t *copy) {
     int blocks = (int)std::min<int64_t>((n + 255) / 256, 65535);
     if (blocks == 0) return;
-    adamw_kernel<State><<<blocks, 256, 0, stream>>>(n, s, seed, grad, param, exp_avg, exp_avg_sq);
+    adamw_kernel<State><<<blocks, 256, 0, stream>>>(n, s, seed, grad, param, exp_avg, exp_avg_sq, copy);
     cudaError_t err = cudaGetLastError();
     NNTILE_CHECK(err == cudaSuccess, what << " kernel launch failed: " << cudaGetErrorString(err));
 }
@@ -45,13 +46,13 @@ void launch(const char *what, cudaStream_t stream, int64_t n, const AdamWScalars
 }  // namespace
 
 void adamw_cuda(cudaStream_t stream, int64_t n, const AdamWScalars &s, const float *grad, float *param,
-                float *exp_avg, float *exp_avg_sq) {
-    launch("adamw", stream, n, s, 0, grad, param, exp_avg, exp_avg_sq);
+                float *exp_avg, float *exp_avg_sq, uint16_t *copy) {
+    launch("adamw", stream, n, s, 0, grad, param, exp_avg, exp_avg_sq, copy);
 }
 
 void adamw_bf16state_cuda(cudaStream_t stream, int64_t n, const AdamWScalars &s, uint64_t seed, const float *grad,
-                          float *param, uint16_t *exp_avg, uint16_t *exp_avg_sq) {
-    launch("adamw (bf16 state)", stream, n, s, seed, grad, param, exp_avg, exp_avg_sq);
+                          float *param, uint16_t *exp_avg, uint16_t *exp_avg_sq, uint16_t *copy) {
+    launch("adamw (bf16 state)", stream, n, s, seed, grad, param, exp_avg, exp_avg_sq, copy);
 }
 
 }  // namespace nntile::kernels

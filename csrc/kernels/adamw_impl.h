@@ -52,6 +52,13 @@ NNTILE_HD uint16_t float_to_bf16_stochastic(float x, uint32_t r16) {
     return (uint16_t)((u + (r16 & 0xffffu)) >> 16);
 }
 
+// x rounded to bf16, to nearest with ties to even (NaN stays a quiet NaN): what the convert kernels compute.
+NNTILE_HD uint16_t float_to_bf16_rne(float x) {
+    uint32_t u = float_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 // splitmix64's finalizer of seed + i: 64 random bits per element, the same on every device.
 NNTILE_HD uint64_t hash64(uint64_t seed, uint64_t i) {
     uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;

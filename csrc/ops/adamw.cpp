@@ -8,7 +8,7 @@
 namespace nntile::ops {
 
 void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor &exp_avg_sq, double lr, double beta1,
-           double beta2, double eps, double weight_decay, int64_t step, bool init_state, int64_t seed) {
+           double beta2, double eps, double weight_decay, int64_t step, bool init_state, int64_t seed, TileTensor *copy) {
     NNTILE_CHECK(param.dtype() == DType::f32, "AdamW updates float32 parameters (got " << dtype_name(param.dtype()) << ")");
     NNTILE_CHECK(grad.dtype() == DType::f32, "AdamW takes a float32 gradient (got " << dtype_name(grad.dtype()) << ")");
     NNTILE_CHECK(exp_avg.dtype() == exp_avg_sq.dtype() &&
@@ -22,6 +22,8 @@ void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor 
     NNTILE_CHECK(tiled_like_param(grad) && tiled_like_param(exp_avg) && tiled_like_param(exp_avg_sq),
                  "AdamW: gradient and state tiles must match the parameter's");
     NNTILE_CHECK(step >= 1, "AdamW step must be >= 1 (got " << step << ")");
+    NNTILE_CHECK(!copy || (copy->dtype() == DType::bf16 && tiled_like_param(*copy)),
+                 "AdamW's copy must be bfloat16 tiles tiled like the parameter");
     kernels::AdamWScalars s;
     s.decay = (float)(1.0 - lr * weight_decay);
     s.one_minus_b1 = (float)(1.0 - beta1);
@@ -36,8 +38,9 @@ void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor 
         // Rounding bits differ per tensor (seed), step and tile, and do not depend on where the task runs.
         uint64_t tile_seed = kernels::hash64(kernels::hash64((uint64_t)seed, (uint64_t)step), (uint64_t)t);
         codelets::submit_adamw(n, s, init_state, bf16_state, tile_seed, grad.handle(t), param.handle(t),
-                               exp_avg.handle(t), exp_avg_sq.handle(t));
+                               exp_avg.handle(t), exp_avg_sq.handle(t), copy ? copy->handle(t) : nullptr);
     }
+    if (copy) copy->bump_version();
     param.bump_version();
     exp_avg.bump_version();
     exp_avg_sq.bump_version();

@@ -66,7 +66,9 @@ void convert(TileTensor &src, TileTensor &dst);
 // One AdamW step over all tiles of a parameter (grad, exp_avg, exp_avg_sq share its tiling). Scalars are
 // those torch.optim.AdamW uses at this step; init_state: the state tensors have never been written. States may
 // be float32 or (both) bfloat16, the latter rounded stochastically from bits that depend on seed, step and tile.
+// copy (or null): bf16 tiles that get the updated parameter rounded to nearest in the same task (a weight's bf16 copy).
 void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor &exp_avg_sq, double lr, double beta1,
-           double beta2, double eps, double weight_decay, int64_t step, bool init_state, int64_t seed);
+           double beta2, double eps, double weight_decay, int64_t step, bool init_state, int64_t seed,
+           TileTensor *copy = nullptr);
 
 }  // namespace nntile::ops

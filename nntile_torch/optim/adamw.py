@@ -231,11 +231,16 @@ class AdamW(torch.optim.Optimizer):
                 state["exp_avg_sq"] = _tiles_like(p, state["exp_avg_sq"], dtype, "exp_avg_sq", True)
         m, v = state["exp_avg"], state["exp_avg_sq"]
         self._tiled_states[p] = (m, v)
-        _C.adamw(grad, p._tiles, m._tiles, v._tiles, lr, beta1, beta2, eps, wd, step, fresh, self._seeds[p])
+        copy = None
         if p in self._host and getattr(p, "_bf16_cache", None) is not None:
-            # The next forward's bf16 copy, made now by the CPU workers (the same values as later): the memory
-            # plan's streaming fetches it to the GPU ahead of that forward (nntile_torch/streaming.py).
-            weight_bf16(p)
+            # The next forward's bf16 copy, written by the update's own task (the same values as a conversion
+            # after it, one pass over the weight less): the memory plan's streaming fetches it to the GPU ahead of
+            # that forward (nntile_torch/streaming.py).
+            copy = _C.TileTensor(list(p._tiles.shape), list(p._tiles.tile_shape), "bfloat16", p._tiles.name + ".bf16")
+        _C.adamw(grad, p._tiles, m._tiles, v._tiles, lr, beta1, beta2, eps, wd, step, fresh, self._seeds[p],
+                 copy=copy)
+        if copy is not None:
+            p._bf16_cache = (p._tiles.version, copy)
         if self._evict_first:
             m.tiles.wont_use()
             v.tiles.wont_use()
