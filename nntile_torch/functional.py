@@ -7,7 +7,7 @@ import torch
 
 from . import _C
 from .runtime import host_tasks
-from .tensor import _TILE_DTYPES, TileTensor, without_torch_function
+from .tensor import _TILE_DTYPES, TileTensor, register_tile_function, without_torch_function
 
 
 def frees_saved(backward):
@@ -348,3 +348,6 @@ def tiled_cross_entropy(input, target, weight=None, size_average=None, ignore_in
     if bool(bad.any()):  # torch raises here too (on a GPU as a device-side assert that ends the process)
         raise IndexError(f"cross_entropy: target {int(target[bad][0])} is out of bounds for {v} classes")
     return CrossEntropyFunction.apply(input, target, reduction == "mean")
+
+
+register_tile_function(torch.nn.functional.cross_entropy, tiled_cross_entropy)

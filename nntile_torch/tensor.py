@@ -18,10 +18,20 @@ from . import _C
 from .runtime import ensure_init
 
 aten = torch.ops.aten
-_cross_entropy = torch.nn.functional.cross_entropy
 _disabled_torch_function = torch._C._disabled_torch_function_impl
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
 _TILE_DTYPES = {v: k for k, v in _DTYPES.items()}
+
+
+# torch functions that run as tile tasks when a TileTensor is among their arguments: {function: implementation,
+# which returns NotImplemented to decline}. The modules that implement them register here (functional.py:
+# F.cross_entropy), so that this module imports none of them: they import it.
+_TILE_FUNCTIONS = {}
+
+
+def register_tile_function(func, impl):
+    """Calls of `func` (a torch function) with a TileTensor argument go to `impl` first."""
+    _TILE_FUNCTIONS[func] = impl
 
 
 def _full_device(device):
@@ -61,12 +71,12 @@ class TileTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        # F.cross_entropy on tiled logits becomes tile tasks (it would otherwise materialize the logits); every
-        # other function goes straight to __torch_dispatch__.
-        # Everything else (every .shape, .dtype, ... too: ~12k calls per GPT-2 step) takes torch's own C path.
-        if func is _cross_entropy:
-            from .functional import tiled_cross_entropy
-            out = tiled_cross_entropy(*args, **(kwargs or {}))
+        # Registered functions (F.cross_entropy on tiled logits) become tile tasks; they would otherwise
+        # materialize their input. Everything else (every .shape, .dtype, ... too: ~12k calls per GPT-2 step)
+        # goes straight to __torch_dispatch__ by torch's own C path.
+        impl = _TILE_FUNCTIONS.get(func)
+        if impl is not None:
+            out = impl(*args, **(kwargs or {}))
             if out is not NotImplemented:
                 return out
         return _disabled_torch_function(func, types, args, kwargs or {})
