@@ -1,6 +1,7 @@
-"""The Python package's shape: modules that import one way."""
+"""The Python package's shape: modules that import one way, and metadata pip can install from."""
 import ast
 import pathlib
+import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "nntile_torch"
@@ -61,3 +62,18 @@ def test_no_import_cycles_in_the_package():
             visit(m, [m])
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
+
+def test_pyproject_declares_what_pip_needs():
+    """pip install . reads the name, version, Python and the in-tree backend from pyproject.toml; the backend
+    exposes the PEP 517 and PEP 660 hooks (wheel and editable)."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project, build = meta["project"], meta["build-system"]
+    assert project["name"] == "nntile_torch" and project["version"] and project["requires-python"] == ">=3.10"
+    assert "dependencies" in project["dynamic"]  # setup.py: torch==<the one compiled against>, tqdm
+    assert not any(r.split("=")[0].split(">")[0].strip() == "torch" for r in build["requires"])
+    backend = ROOT / build["backend-path"][0] / (build["build-backend"] + ".py")
+    hooks = {n.name for n in ast.walk(ast.parse(backend.read_text())) if isinstance(n, ast.alias)}
+    assert {"build_wheel", "build_editable", "prepare_metadata_for_build_wheel",
+            "get_requires_for_build_editable"} <= hooks
+    setup = (ROOT / "setup.py").read_text()
+    assert '"tqdm"' in setup and "torch_requirement()" in setup
