@@ -36,7 +36,11 @@ command -v "$py" >/dev/null || fail "no $py (set PYTHON to a Python >= 3.10)"
 # torch 2.14.1 is a CUDA build, so the CUDA sources compile even on a machine without a GPU.
 PIP_ROOT_USER_ACTION=ignore $py -m pip install --disable-pip-version-check "${NNTILE_TORCH_SPEC:-torch==2.14.1}" \
   numpy pytest tqdm matplotlib transformers==5.17.0 ninja setuptools wheel >build/pip.log 2>&1 \
-  || { tail -30 build/pip.log >&2; fail "pip install failed (above; the whole log: build/pip.log)"; }
+  || { tail -30 build/pip.log >&2
+       grep -q externally-managed-environment build/pip.log && fail "$py is the system's (PEP 668): make a venv" \
+         "first (python3 -m venv ~/venv && . ~/venv/bin/activate) and run again, or set PYTHON to another Python"
+       grep -q "No module named pip" build/pip.log && fail "$py has no pip: apt-get install python3-pip python3-venv"
+       fail "pip install failed (above; the whole log: build/pip.log)"; }
 
 bash scripts/install_starpu.sh || fail "building StarPU failed (above)"
 
