@@ -1,13 +1,15 @@
-"""Builds nntile_torch._C with torch's cpp_extension: CUDA sources when torch has CUDA and nvcc exists, a CPU-only
-build otherwise. StarPU comes from pkg-config (starpu-1.3, or starpu-1.4 for a 1.4 prefix); scripts/install_starpu.sh
-installs it (STARPU_PREFIX: the prefix to build against, default /opt/nntile_torch/starpu-1.3.10)."""
+"""Builds nntile_torch._C with torch's cpp_extension against the torch already installed: CUDA sources when torch
+has CUDA and nvcc exists, a CPU-only build otherwise (NNTILE_FORCE_CPU=1 forces it). StarPU 1.3 (or 1.4 for a 1.4
+prefix) comes from pkg-config (starpu-1.3.pc, starpu-1.4.pc) or STARPU_PREFIX (default
+/opt/nntile_torch/starpu-1.3.10); `bash scripts/install_starpu.sh` installs it. The package metadata is in
+pyproject.toml; `pip install .` works with pip's build isolation (buildtools/nntile_build.py says how)."""
 import glob
 import os
 import shutil
 import subprocess
 import sys
 
-from setuptools import find_packages, setup
+from setuptools import setup
 
 # torch guesses CUDA_HOME from the nvcc on PATH; a toolkit under /usr/local/cuda with nvcc linked elsewhere
 # would then be missed (and -lcudart with it).
@@ -45,8 +47,11 @@ def pkg_config(*args):
         except (OSError, subprocess.CalledProcessError):
             pass
     raise SystemExit(
-        "nntile_torch: StarPU 1.3 or 1.4 not found by pkg-config. Run scripts/install_starpu.sh, or add the "
-        "directory holding starpu-1.3.pc (or starpu-1.4.pc) to PKG_CONFIG_PATH (searched: %s)" % env["PKG_CONFIG_PATH"])
+        "nntile_torch: StarPU 1.3 (or 1.4) not found (pkg-config starpu-1.3 / starpu-1.4, PKG_CONFIG_PATH=%s).\n"
+        "Install it with:\n    bash scripts/install_starpu.sh\n"
+        "(Debian/Ubuntu; builds StarPU 1.3.10 with this project's patches into %s, with sudo unless root; "
+        "STARPU_PREFIX=DIR installs elsewhere and then points this build there), or set STARPU_PREFIX to an "
+        "existing installation." % (env["PKG_CONFIG_PATH"], prefix))
 
 
 def want_cuda():
@@ -70,6 +75,29 @@ def nvidia_wheel_dirs():
                 inc.append(os.path.join(root, sub, "include"))
                 lib.append(os.path.join(root, sub, "lib"))
     return inc, lib
+
+
+# The data-centre and consumer GPUs of the last generations (A100, A10/RTX 30, L4/L40/RTX 40, H100/H200, B200,
+# RTX 50), those the installed nvcc can build; PTX of the newest for later ones. scripts/setup.sh builds one arch
+# (the GPU's, or 9.0) unless TORCH_CUDA_ARCH_LIST is set: the CI machine compiles but has no GPU.
+DEFAULT_CUDA_ARCHS = ["8.0", "8.6", "8.9", "9.0", "10.0", "12.0"]
+
+
+def default_cuda_arch_list():
+    nvcc = shutil.which("nvcc") or os.path.join(cpp_extension.CUDA_HOME or "", "bin", "nvcc")
+    try:
+        listed = subprocess.check_output([nvcc, "--list-gpu-arch"], text=True, stderr=subprocess.DEVNULL).split()
+        known = {a.split("_")[1] for a in listed if a.startswith("compute_")}
+        archs = [a for a in DEFAULT_CUDA_ARCHS if a.replace(".", "") in known] or DEFAULT_CUDA_ARCHS[:4]
+    except (OSError, subprocess.CalledProcessError, IndexError):
+        archs = DEFAULT_CUDA_ARCHS[:4]
+    return ";".join(archs[:-1] + [archs[-1] + "+PTX"])
+
+
+def torch_requirement():
+    """The torch this build compiles against (its C++ ABI): the wheel installs only beside the same release."""
+    import torch
+    return "torch==" + torch.__version__.split("+")[0]
 
 
 here = os.path.dirname(os.path.abspath(__file__))
@@ -111,20 +139,16 @@ if cuda:
         os.symlink(target, link)
         library_dirs.append(shim)
     libraries.append("cublas")
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0")
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", default_cuda_arch_list())
     extra["nvcc"] = ["-O3", "-std=c++20", f"-Xcompiler=-fmacro-prefix-map={here}/="] + ["-I" + d for d in inc]
     Ext = cpp_extension.CUDAExtension
 else:
     Ext = cpp_extension.CppExtension
 
 setup(
-    name="nntile_torch",
-    version="0.1.0",
-    description="Task-based tiled training for PyTorch on StarPU",
-    packages=find_packages(include=["nntile_torch", "nntile_torch.*"]),
+    install_requires=[torch_requirement(), "tqdm"],
     ext_modules=[Ext("nntile_torch._C", sources, include_dirs=include_dirs, library_dirs=library_dirs,
                      libraries=libraries, define_macros=define_macros, extra_compile_args=extra,
                      extra_link_args=link_args)],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
-    python_requires=">=3.10",
 )

@@ -22,13 +22,17 @@ extern "C" {
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <iomanip>
 #include <mutex>
 #include <sstream>
 #include <vector>
 
+#include <c10/util/Exception.h>
+
 #include "common.h"
 #include "cuda_device.h"
+#include "kernels/attention.h"
 #include "stall_advice.h"
 #include "tiles/tile_tensor.h"
 
@@ -78,6 +82,23 @@ void set_env_int(const char *name, int value) { set_env(name, std::to_string(val
 int env_int(const char *name) {
     const char *v = std::getenv(name);
     return v && *v ? std::atoi(v) : -1;
+}
+
+// The settings other threads need (runtime.h: watchdog_timeout_us, host_homes_setting), read by runtime_init.
+std::atomic<int64_t> watchdog_us{120000000};
+std::mutex settings_mutex;
+std::string host_homes_env;
+
+void read_settings() {
+    const char *t = std::getenv("STARPU_WATCHDOG_TIMEOUT");
+    watchdog_us.store(t && *t ? std::atoll(t) : 120000000LL);
+    const char *homes = std::getenv("NNTILE_HOST_HOMES");
+    {
+        std::lock_guard<std::mutex> lock(settings_mutex);
+        host_homes_env = homes ? homes : "";
+    }
+    const char *flash = std::getenv("NNTILE_FLASH_ATTENTION");
+    kernels::set_flash_attention(flash && std::string(flash) == "1");
 }
 
 // StarPU 1.3.10 throttles submission (task.c, starpu_task_submit) only when both variables are set (it asserts they
@@ -306,9 +327,8 @@ namespace {
 // what each memory node holds, instead of hanging in silence.
 void report_stall(void *) {
     std::ostringstream os;
-    const char *timeout = std::getenv("STARPU_WATCHDOG_TIMEOUT");
     os << std::fixed << std::setprecision(1) << "nntile_torch: no StarPU task finished for "
-       << (timeout ? std::atof(timeout) / 1e6 : 0.0) << " s (" << starpu_task_nsubmitted()
+       << (double)watchdog_timeout_us() / 1e6 << " s (" << starpu_task_nsubmitted()
        << " tasks pending, " << starpu_task_nready() << " ready). Memory nodes: " << memory_nodes_text() << ". "
        << stall_advice_now()
        << " STARPU_WATCHDOG_CRASH=1 aborts here instead of waiting; STARPU_WATCHDOG_TIMEOUT (microseconds) sets the "
@@ -342,6 +362,7 @@ void runtime_init(const RuntimeConfig &cfg) {
     set_env_mib("STARPU_LIMIT_CUDA_MEM", cfg.cuda_memory_limit);
     set_env_mib("STARPU_LIMIT_CPU_MEM", cfg.host_memory_limit);
     set_submission_window(cfg.max_submitted_tasks);
+    read_settings();  // the last getenv of nntile's before StarPU's threads start
     window = {env_int("STARPU_LIMIT_MAX_SUBMITTED_TASKS"), env_int("STARPU_LIMIT_MIN_SUBMITTED_TASKS")};
     if (window.first < 0 || window.second < 0) window = {-1, -1};
     starpu_conf conf;
@@ -380,11 +401,52 @@ void runtime_init(const RuntimeConfig &cfg) {
     }
 }
 
+namespace {
+std::mutex task_error_mutex;
+std::string task_error;  // first failure since the last raise
+bool task_error_oom = false;
+std::atomic<bool> task_failed{false};  // task_error is set: checked on every submission without the lock
+
+// Takes the recorded error (empty when none) and whether it was an out-of-memory one.
+std::pair<std::string, bool> take_task_error() {
+    std::lock_guard<std::mutex> lock(task_error_mutex);
+    std::pair<std::string, bool> e{std::move(task_error), task_error_oom};
+    task_error.clear();
+    task_error_oom = false;
+    task_failed.store(false);
+    return e;
+}
+
+[[noreturn]] void throw_task_error(const std::pair<std::string, bool> &e) {
+    if (e.second)
+        TORCH_CHECK_WITH(OutOfMemoryError, false, e.first,
+                         " (out of memory inside the task's kernel: on a GPU that is torch's share, what "
+                         "init(cuda_memory_limit=...) leaves it; on the host, RAM. Use smaller tiles or batch, or leave "
+                         "torch more of the GPU. Results written by that task are undefined)");
+    NNTILE_CHECK(false, e.first << " (results written by that task are undefined)");
+}
+}  // namespace
+
 void runtime_shutdown(bool keep_data) {
     if (!running) return;
     KeepCudaDevice keep;
-    for (auto &h : hooks()) h(keep_data);
+    // Every step runs even when one fails (a tensor whose values cannot be saved, a task error): StarPU is stopped
+    // and the environment restored, so that init() works again; then the first error is raised. (It threw from the
+    // first tile tensor's copy and left StarPU running, some tensors released and the rest not.) A task error
+    // still pending is raised here rather than by the next runtime's first wait, where it would name a task that
+    // no longer relates to anything.
     starpu_task_wait_for_all();
+    const auto pending = take_task_error();
+    std::exception_ptr failed;
+    for (auto &h : hooks()) {
+        try {
+            h(keep_data);
+        } catch (...) {
+            if (!failed) failed = std::current_exception();
+        }
+    }
+    starpu_task_wait_for_all();
+    const auto during = take_task_error();  // of tasks still running the hooks waited for
 #ifdef NNTILE_USE_CUDA
     if (starpu_cuda_worker_get_count() > 0) starpu_cublas_shutdown();
 #endif
@@ -399,6 +461,9 @@ void runtime_shutdown(bool keep_data) {
             unsetenv(name.c_str());
     }
     env_saved.clear();
+    if (!pending.first.empty()) throw_task_error(pending);
+    if (!during.first.empty()) throw_task_error(during);
+    if (failed) std::rethrow_exception(failed);
 }
 
 bool runtime_running() { return running; }
@@ -408,25 +473,47 @@ int disk_node() { return disk_node_id; }
 void add_shutdown_hook(std::function<void(bool)> hook) { hooks().push_back(std::move(hook)); }
 
 namespace {
-std::mutex task_error_mutex;
-std::string task_error;  // first failure since the last raise
+// Whether a kernel's error is a failed allocation: torch's CUDA allocator throws c10::OutOfMemoryError ("CUDA out of
+// memory"), its CPU allocator a plain c10::Error ("can't allocate memory"), the C++ runtime std::bad_alloc.
+bool is_out_of_memory(const std::string &what) {
+    for (const char *s : {"out of memory", "can't allocate memory", "not enough memory", "Cannot allocate memory",
+                          "std::bad_alloc"})
+        if (what.find(s) != std::string::npos) return true;
+    return false;
+}
 }  // namespace
 
 void record_task_error(const char *op, const char *what) {
     std::lock_guard<std::mutex> lock(task_error_mutex);
-    if (task_error.empty()) task_error = std::string("a ") + op + " task failed: " + what;
+    if (!task_error.empty()) return;
+    std::string message = what;
+    const size_t trace = message.find("\nException raised from");  // c10's C++ backtrace, when it has one
+    if (trace != std::string::npos) message.resize(trace);
+    task_error_oom = is_out_of_memory(message);
+    task_error = std::string("a ") + op + " task failed: " + message;
+    task_failed.store(true);
 }
 
 void raise_task_error() {
-    std::string msg;
-    {
-        std::lock_guard<std::mutex> lock(task_error_mutex);
-        msg.swap(task_error);
-    }
-    NNTILE_CHECK(msg.empty(), msg << " (results written by that task are undefined)");
+    if (!task_failed.load()) return;
+    const auto e = take_task_error();
+    if (!e.first.empty()) throw_task_error(e);
 }
 
-void count_task() { n_tasks.fetch_add(1, std::memory_order_relaxed); }
+int64_t watchdog_timeout_us() { return watchdog_us.load(); }
+
+std::string host_homes_setting() {
+    std::lock_guard<std::mutex> lock(settings_mutex);
+    return host_homes_env;
+}
+
+// Every submission passes here: a task that failed since is raised now, by the next op of the submitting thread,
+// instead of at a later wait that may read unrelated tensors (and after more tasks computed on its undefined
+// results).
+void count_task() {
+    n_tasks.fetch_add(1, std::memory_order_relaxed);
+    if (task_failed.load(std::memory_order_relaxed)) raise_task_error();
+}
 void count_wait() { n_waits.fetch_add(1, std::memory_order_relaxed); }
 int64_t tasks_submitted() { return n_tasks.load(); }
 int64_t blocking_waits() { return n_waits.load(); }

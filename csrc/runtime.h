@@ -71,9 +71,20 @@ unsigned long long hinted_where();
 // Called first thing in runtime_shutdown(), while StarPU still runs (tile tensors save and drop handles).
 void add_shutdown_hook(std::function<void(bool keep_data)> hook);
 
-// A task that failed records its error here; the next wait in the main thread raises it (and clears it).
+// A task that failed records its error here (the first since the last raise); the next submission or wait of the
+// submitting thread raises it and clears it, and so does runtime_shutdown(), so an error never outlives the
+// runtime it happened in. A failed allocation (torch's CUDA allocator's "out of memory", its CPU allocator's "can't
+// allocate memory", std::bad_alloc) is raised as c10::OutOfMemoryError (torch.OutOfMemoryError in Python), naming
+// the task, with what to change.
 void record_task_error(const char *op, const char *what);
 void raise_task_error();
+
+// What nntile reads from the environment while the runtime runs, read once by runtime_init on the thread that starts
+// it, before StarPU's threads exist. Worker, watchdog and monitor threads use these, never getenv: glibc's setenv
+// (the user's, os.environ's, or the runtime's own at init and shutdown) may free the array a concurrent getenv
+// walks.
+int64_t watchdog_timeout_us();     // STARPU_WATCHDOG_TIMEOUT as StarPU's watchdog read it (default 2 minutes)
+std::string host_homes_setting();  // NNTILE_HOST_HOMES ("" when unset)
 
 void count_task();
 void count_wait();

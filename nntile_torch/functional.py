@@ -188,8 +188,9 @@ class GeluFunction(torch.autograd.Function):
 
 
 class DropoutFunction(torch.autograd.Function):
-    """y = x * keep / (1 - p), keep a function of (seed, element index) computed inside the task (the same on
-    CPU and GPU, never stored); the backward is the same op on dy. Tiling as GeluFunction."""
+    """y = x * keep / (1 - p), keep a function of (seed, the element's row-major index in x) computed inside the
+    task: the same on CPU and GPU and for any tiling, never stored; the backward is the same op on dy. Tiling as
+    GeluFunction."""
 
     @staticmethod
     @without_torch_function

@@ -172,11 +172,14 @@ def ensure_init():
 
 def shutdown():
     """Waits for every task and stops StarPU. Tile tensors still alive keep their values (as a dense copy) and
-    get tiles again after the next init."""
+    get tiles again after the next init. A task error not yet raised (runtime.h: raise_task_error) is raised here,
+    after StarPU has stopped: init() works again either way."""
     global _current, _host_limit
-    _C.shutdown(True)
-    _current = None
-    _host_limit = None
+    try:
+        _C.shutdown(True)
+    finally:
+        _current = None
+        _host_limit = None
 
 
 def is_running():

@@ -25,7 +25,6 @@ from . import _C
 from .runtime import ensure_init
 
 aten = torch.ops.aten
-_cross_entropy = torch.nn.functional.cross_entropy
 _disabled_torch_function = torch._C._disabled_torch_function_impl
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
 _TILE_DTYPES = {v: k for k, v in _DTYPES.items()}
@@ -46,6 +45,12 @@ def plain(x):
     """Whether x is a TileTensor whose values are its tiles' elements in order (not a strided view of them): the
     form nntile ops read directly."""
     return isinstance(x, TileTensor) and x._view is None
+
+
+def register_tile_function(func, impl):
+    """Calls of `func` (a torch function) with a TileTensor argument go to `impl` first (FUNCTIONS; the modules that
+    implement them register there, so that this module imports none of them: they import it)."""
+    FUNCTIONS[func] = impl
 
 
 def _full_device(device):

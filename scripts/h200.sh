@@ -124,7 +124,7 @@ for step in "$@"; do
     train) python3 -m nntile_torch.train --model small --steps 500 --compare-torch --no-progress --out "$OUT/train" \
              2>&1 | tail -3; rc=${PIPESTATUS[0]} ;;
     bench)  # the benchmark harness; BENCH_ARGS: benchmarks.run arguments, several plans joined by ';', or @file
-            # (benchmarks/plans/*.txt, a plan per line); BENCH_BUDGET: seconds for all (default 420; attempts are cut)
+            # (a file with one plan per line); BENCH_BUDGET: seconds for all (default 420; attempts are cut)
       if compgen -G ".whl/*.whl" >/dev/null; then  # carried wheels (DeepSpeed and its missing dependencies)
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
           .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
@@ -156,7 +156,7 @@ print('async_io compatible:', b.is_compatible(verbose=True)); b.load()" >"$OUT/d
       fi
       bdir=/tmp/bench${tag:+_$tag}; rc=0; end=$(( $(date +%s) + ${BENCH_BUDGET:-420} ))  # seconds for all plans together
       args=${BENCH_ARGS:---backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024}
-      if [[ $args == @* ]]; then  # @file: one plan per line, '#' comments (benchmarks/plans/)
+      if [[ $args == @* ]]; then  # @file: one plan per line, '#' comments
         args=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "${args#@}" | paste -sd';')
       fi
       IFS=';' read -ra plans <<< "$args"

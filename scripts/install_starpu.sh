@@ -31,22 +31,29 @@ if [ -f "$stamp" ] && grep -qx "$build_id" "$stamp" && [ -f "$prefix/lib/pkgconf
   exit 0
 fi
 
-sudo=""; [ "$(id -u)" != 0 ] && sudo=sudo
+# Root's steps (apt, the prefix when its parent is not writable): directly as root, else through sudo.
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null; then sudo "$@"
+  else echo "error: '$*' needs root: run as root, install sudo, or set STARPU_PREFIX to a directory you can write" >&2; exit 1; fi
+}
+parent=$prefix; while [ ! -e "$parent" ]; do parent=$(dirname "$parent"); done
+install_as=as_root; [ -w "$parent" ] && install_as=""
 if [ -z "${STARPU_SRC:-}" ]; then
   if command -v apt-get >/dev/null; then
     # Source lines for the suite that carries the release: bookworm's 1.3.10 is the release this project is built
     # and tested on (Debian 12 and 13); sid's 1.4.10 the alternative. Source lines only: no binary comes from sid.
     if ! apt-cache showsrc starpu 2>/dev/null | grep -qx "Version: $version"; then
-      $sudo tee "/etc/apt/sources.list.d/$sources.sources" >/dev/null <<SRC
+      as_root tee "/etc/apt/sources.list.d/$sources.sources" >/dev/null <<SRC
 Types: deb-src
 URIs: http://deb.debian.org/debian
 Suites: $suite
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
-      $sudo apt-get update -qq
+      as_root apt-get update -qq
     fi
-    $sudo apt-get install -y -qq --no-install-recommends dpkg-dev build-essential pkg-config libhwloc-dev >/dev/null
+    as_root apt-get install -y -qq --no-install-recommends dpkg-dev build-essential pkg-config libhwloc-dev >/dev/null
   fi
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
@@ -86,7 +93,7 @@ cd "$src"
   --disable-socl --disable-starpufft --disable-mpi --disable-glpk --disable-starpurm --disable-static \
   --disable-hdf5 --disable-leveldb ${STARPU_CONFIGURE_EXTRA:-} >configure.log 2>&1 || { tail -40 configure.log; exit 1; }
 make -j"${STARPU_JOBS:-$(nproc)}" >make.log 2>&1 || { grep -B2 -A8 -m5 -e 'error:' -e 'Error [0-9]' make.log; exit 1; }
-$sudo rm -rf "$prefix" && $sudo mkdir -p "$prefix"
-$sudo make install >install.log 2>&1 || { tail -20 install.log; exit 1; }
-echo "$build_id" | $sudo tee "$stamp" >/dev/null
+$install_as rm -rf "$prefix" && $install_as mkdir -p "$prefix"
+$install_as make install >install.log 2>&1 || { tail -20 install.log; exit 1; }
+echo "$build_id" | $install_as tee "$stamp" >/dev/null
 echo "StarPU installed in $prefix ($build_id)"

@@ -62,22 +62,48 @@ _EVICTION_TRAINING = (
     "print('homed', nt._C.host_homed_bytes(), 'spilled', spilled)\n")
 
 
+def run_python(code, timeout, env=None, what="the script"):
+    """Runs `code` in a fresh interpreter (its own StarPU) in a session of its own, with a hard `timeout`: past it
+    the whole process group is killed (SIGKILL) and the test fails with the output so far, after at most 10 more
+    seconds even if the process does not die (a process stuck in a driver). subprocess.run's timeout waited for
+    the killed child without a bound. Returns (returncode, stdout, stderr)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen([sys.executable, "-c", code], stdout=out, stderr=err, text=True,
+                             env=dict(os.environ, **(env or {})), start_new_session=True)
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+            out.seek(0)
+            err.seek(0)
+            pytest.fail(f"{what} did not finish in {timeout} s; its output: {out.read()[-1500:]!r} "
+                        f"{err.read()[-1500:]!r}")
+        out.seek(0)
+        err.seek(0)
+        return p.returncode, out.read(), err.read()
+
+
 def train_under_eviction(tmp_path, tag, timeout=300, **env):
     """Runs _EVICTION_TRAINING in its own process (StarPU reads NNTILE_* settings once) with `env` added; returns
     the final weights and parameters, the disk node's most files and the homed bytes. A run past `timeout`
-    seconds fails the test (a hang reported as such, not as the whole session's timeout)."""
-    import os
-    import subprocess
-    import sys
+    seconds fails the test (a hang reported as such, not as the whole session's timeout; run_python)."""
     disk = tmp_path / f"disk_{tag}"
     disk.mkdir()
     out = tmp_path / f"w_{tag}.pt"
-    try:
-        r = subprocess.run([sys.executable, "-c", _EVICTION_TRAINING], capture_output=True, text=True,
-                           timeout=timeout, env=dict(os.environ, DISK=str(disk), OUTFILE=str(out), **env))
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the eviction training ({env}) did not finish in {timeout} s; its output: "
-                    f"{(e.stdout or b'')[-1500:]!r} {(e.stderr or b'')[-1500:]!r}")
-    assert r.returncode == 0, r.stderr[-3000:]
-    words = r.stdout.split()
+    rc, stdout, stderr = run_python(_EVICTION_TRAINING, timeout, dict(DISK=str(disk), OUTFILE=str(out), **env),
+                                    what=f"the eviction training ({env})")
+    assert rc == 0, stderr[-3000:]
+    words = stdout.split()
     return torch.load(out), int(words[words.index("spilled") + 1]), int(words[words.index("homed") + 1])

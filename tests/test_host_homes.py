@@ -10,10 +10,15 @@ from nntile_torch import _C
 from conftest import train_under_eviction
 
 
-@pytest.fixture
-def runtime():
+def restart():
+    """NNTILE_HOST_HOMES is read when the runtime starts (never on StarPU's threads while it runs)."""
     nt.shutdown()
     nt.init(ncpus=1, ncuda=0, host_memory_limit="256MiB")
+
+
+@pytest.fixture
+def runtime():
+    restart()
     yield
     nt.shutdown()
 
@@ -22,6 +27,8 @@ def test_persistent_tensors_get_homes_within_the_budget_and_give_them_back(runti
     gc.collect()
     assert _C.host_homed_bytes() == 0 and _C.host_home_budget() == 0  # unset: none
     monkeypatch.setenv("NNTILE_HOST_HOMES", "1MiB")
+    assert _C.host_home_budget() == 0  # read at the start
+    restart()
     assert _C.host_home_budget() == 2**20
     half = (256, 512)  # 512 KiB in fp32, two tiles of 128 rows
     a = nt.TileTensor.empty(half, (128, 512), persistent=True)
@@ -46,16 +53,20 @@ def test_persistent_tensors_get_homes_within_the_budget_and_give_them_back(runti
     e.tiles.from_dense(torch.arange(385.0).reshape(77, 5))
     assert e.tiles.host_homed and float(e.materialize().sum()) == 384 * 385 / 2
     monkeypatch.setenv("NNTILE_HOST_HOMES", "0")
+    restart()
     assert not nt.TileTensor.empty(half, (128, 512), persistent=True).tiles.host_homed
     monkeypatch.setenv("NNTILE_HOST_HOMES", "lots")
+    restart()
     with pytest.raises(RuntimeError, match="NNTILE_HOST_HOMES must be 0, 1 or a size such as 90GiB"):
         nt.TileTensor.empty(half, (128, 512), persistent=True)
     monkeypatch.setenv("NNTILE_HOST_HOMES", "1")  # 85% of the host node (the 256 MiB limit)
+    restart()
     assert _C.host_home_budget() == int(0.85 * 256 * 2**20)
 
 
 def test_parameters_and_moments_are_persistent_activations_are_not(runtime, monkeypatch):
     monkeypatch.setenv("NNTILE_HOST_HOMES", "64MiB")
+    restart()
     torch.manual_seed(0)
     lin = nt.nn.Linear(40, 24, tile_size=16, batch_tile_size=8)
     norm = nt.nn.LayerNorm(24, batch_tile_size=8)

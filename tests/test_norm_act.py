@@ -198,3 +198,23 @@ def test_dropout_is_seeded_scaled_and_its_backward_uses_the_same_mask(device):
     assert drop(xt) is xt
     with pytest.raises(ValueError, match="between 0 and 1"):
         nt.nn.Dropout(1.5)
+
+
+def test_dropout_mask_does_not_depend_on_the_tiling(device):
+    """The mask is a function of (seed, element index in the whole tensor): tiles of any size, partial edge tiles,
+    an N-d tiling or a dense input tiled by the module all drop the same elements (the mask of tile t once counted
+    from t * (full tile size), so another tile size gave another mask)."""
+    x = torch.randn(6, 37, 29, device=device)
+    outs = []
+    for tiled_shape, tile in [((6 * 37, 29), (222, 29)), ((6 * 37, 29), (64, 10)), ((6 * 37, 29), (5, 29)),
+                              ((6, 37, 29), (4, 8, 16)), ((6, 37, 29), (1, 37, 29))]:
+        torch.manual_seed(7)
+        xt = nt.TileTensor.from_dense(x, tile, tiled_shape)
+        outs.append(nt.nn.Dropout(0.4)(xt).materialize())
+    for tile_size, batch_tile_size in [(29, 222), (7, 50)]:  # dense input, tiled by the module
+        torch.manual_seed(7)
+        outs.append(nt.nn.Dropout(0.4, tile_size=tile_size, batch_tile_size=batch_tile_size)(x).materialize())
+    kept = outs[0] != 0
+    assert 0.5 < kept.float().mean().item() < 0.7
+    for i, y in enumerate(outs[1:], 1):
+        assert torch.equal(y, outs[0]), f"tiling {i} gives another mask"

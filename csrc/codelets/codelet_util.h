@@ -42,7 +42,7 @@ struct CodeletDef {
 };
 
 // Runs a codelet function; an exception (which would end the process on a worker thread) is recorded instead
-// and raised in the main thread at its next wait (runtime.h: raise_task_error).
+// and raised by the submitting thread's next submission or wait (runtime.h: record_task_error).
 template <void (*F)(void **, void *)>
 void guarded(void *buffers[], void *cl_arg) {
     try {

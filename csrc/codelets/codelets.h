@@ -4,6 +4,7 @@
 
 #include "../common.h"
 #include "../kernels/adamw.h"
+#include "../kernels/dropout.h"
 #include "../kernels/gemm.h"
 
 namespace nntile::codelets {
@@ -58,8 +59,10 @@ void submit_embedding_backward(int64_t m, int64_t rows, int64_t c, int64_t lo, b
 void submit_add_blocks(int64_t nblk, int64_t r, int64_t c, starpu_data_handle_t src, starpu_data_handle_t dst);
 void submit_sum_blocks(int64_t nblk, int64_t r, int64_t c, bool first, starpu_data_handle_t src,
                        starpu_data_handle_t dst);
-// y = x * keep / (1 - p) over n values; keep hashed from (seed, offset + index): kernels/dropout.h.
-void submit_dropout(int64_t n, int64_t offset, int64_t seed, float p, starpu_data_handle_t x, starpu_data_handle_t y);
+// y = x * keep / (1 - p) over one tile; keep hashed from (seed, each element's index in the whole tensor):
+// kernels/dropout.h.
+void submit_dropout(const kernels::DropoutTile &tile, int64_t seed, float p, starpu_data_handle_t x,
+                    starpu_data_handle_t y);
 // Cross-entropy over vocabulary tiles (kernels/cross_entropy.h): stats folds one (row tile, vocabulary tile)
 // into the rows' stats, sum one row tile's losses into acc, loss = acc's mean (or sum), backward one gradient tile.
 void submit_cross_entropy_stats(int64_t m, int64_t vj, int64_t lo, bool first, starpu_data_handle_t labels,

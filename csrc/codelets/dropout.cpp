@@ -8,7 +8,8 @@ namespace nntile::codelets {
 namespace {
 
 struct DropoutArgs {
-    int64_t n, offset, seed;
+    kernels::DropoutTile tile;
+    int64_t n, seed;
     float p;
 };
 
@@ -17,7 +18,7 @@ uint32_t dropout_footprint(starpu_task *task) { return hash_ints({args_of<Dropou
 template <bool Cuda>
 void func(void *b[], void *cl_arg) {  // x, y
     auto *a = static_cast<DropoutArgs *>(cl_arg);
-    kernels::dropout(where<Cuda>(), a->n, a->offset, a->seed, a->p, (const float *)STARPU_VECTOR_GET_PTR(b[0]),
+    kernels::dropout(where<Cuda>(), a->tile, a->seed, a->p, (const float *)STARPU_VECTOR_GET_PTR(b[0]),
                      (float *)STARPU_VECTOR_GET_PTR(b[1]));
 }
 
@@ -29,9 +30,12 @@ starpu_codelet *cl() {
 
 }  // namespace
 
-void submit_dropout(int64_t n, int64_t offset, int64_t seed, float p, starpu_data_handle_t x, starpu_data_handle_t y) {
+void submit_dropout(const kernels::DropoutTile &tile, int64_t seed, float p, starpu_data_handle_t x,
+                    starpu_data_handle_t y) {
+    int64_t n = 1;
+    for (int64_t d = 0; d < tile.ndim; ++d) n *= tile.extents[d];
     NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl(), STARPU_R, x, STARPU_W, y, STARPU_CL_ARGS,
-                                           cl_args(DropoutArgs{n, offset, seed, p}), sizeof(DropoutArgs), STARPU_NAME,
+                                           cl_args(DropoutArgs{tile, n, seed, p}), sizeof(DropoutArgs), STARPU_NAME,
                                            "dropout", 0),
                         "submitting dropout n=" << n);
     count_task();

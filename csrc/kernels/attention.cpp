@@ -49,15 +49,14 @@ struct Forward {
 // bf16 on GPUs, opt-in until measured and tested on a GPU: NNTILE_FLASH_ATTENTION=1 uses ATen's FlashAttention
 // instead of the memory-efficient kernel (the one the GPU tests and benchmarks ran). If ATen refuses it once (an
 // old GPU, a build without it), the memory-efficient kernel is used from then on, with one line on stderr.
+// The switch is set by the runtime at its start (set_flash_attention), on the main thread: a getenv here, on a
+// worker thread, would race any setenv of the process's other threads.
 std::atomic<bool> flash_ok{true};
+std::atomic<bool> flash_enabled{false};
 
 bool use_flash(const Where &w, const at::Tensor &q) {
     if (!w.cuda || q.scalar_type() != at::kBFloat16 || !flash_ok.load()) return false;
-    static const bool enabled = [] {
-        const char *e = std::getenv("NNTILE_FLASH_ATTENTION");
-        return e && std::strcmp(e, "1") == 0;
-    }();
-    return enabled;
+    return flash_enabled.load(std::memory_order_relaxed);
 }
 
 void flash_failed(const char *what, const c10::Error &e) {
@@ -154,5 +153,7 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
     out.select(2, 1).copy_(unpad(gk, hd));
     out.select(2, 2).copy_(unpad(gv, hd));
 }
+
+void set_flash_attention(bool enabled) { flash_enabled.store(enabled); }
 
 }  // namespace nntile::kernels

@@ -19,5 +19,7 @@ void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int
 // Recomputes the forward (activation recomputation) and writes dqkv (nseq * seq, 3 * c). No autograd inside.
 void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                         const float *dy, const float *qkv, const float *mask, float *dqkv);
+// Whether bf16 attention on GPUs uses ATen's FlashAttention (NNTILE_FLASH_ATTENTION=1, read by runtime_init).
+void set_flash_attention(bool enabled);
 
 }  // namespace nntile::kernels

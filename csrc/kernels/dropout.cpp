@@ -10,12 +10,19 @@ namespace {
 at::Tensor shr(const at::Tensor &z, int s) { return at::bitwise_and(at::bitwise_right_shift(z, s), (int64_t)((~0ULL) >> s)); }
 }  // namespace
 
-void dropout(const Where &w, int64_t n, int64_t offset, int64_t seed, float p, const float *x, float *y) {
+void dropout(const Where &w, const DropoutTile &tile, int64_t seed, float p, const float *x, float *y) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     auto opts = at::TensorOptions().dtype(at::kLong).device(w.cuda ? at::Device(at::kCUDA, w.device) : at::kCPU);
+    // Every element's index in the whole tensor, as the tile's row-major extents broadcast it.
+    at::Tensor index = at::full({}, tile.base, opts);
+    int64_t n = 1;
+    for (int64_t d = 0; d < tile.ndim; ++d) {
+        index = index.unsqueeze(-1) + at::arange(tile.extents[d], opts) * tile.strides[d];
+        n *= tile.extents[d];
+    }
     // splitmix64 of seed * golden + index (wrapping int64 arithmetic)
-    auto z = at::arange(offset, offset + n, opts) + (int64_t)((uint64_t)seed * 0x9E3779B97F4A7C15ULL);
+    auto z = index.reshape({n}) + (int64_t)((uint64_t)seed * 0x9E3779B97F4A7C15ULL);
     z = (z ^ shr(z, 30)) * (int64_t)0xBF58476D1CE4E5B9ULL;
     z = (z ^ shr(z, 27)) * (int64_t)0x94D049BB133111EBULL;
     z = z ^ shr(z, 31);

@@ -1,6 +1,6 @@
 // Dropout on a tile: y = x * keep / (1 - p), keep drawn from a counter-based hash (splitmix64) of (seed, the
-// element's index in the whole tensor), so the mask is the same on CPU and GPU, is never stored, and the
-// backward (the same op on dy) recomputes it.
+// element's row-major index in the whole tensor), so the mask is the same on CPU and GPU and for any tiling, is
+// never stored, and the backward (the same op on dy) recomputes it.
 #pragma once
 #include <cstdint>
 
@@ -8,6 +8,15 @@
 
 namespace nntile::kernels {
 
-void dropout(const Where &w, int64_t n, int64_t offset, int64_t seed, float p, const float *x, float *y);
+constexpr int kDropoutMaxDims = 8;
+
+// The tile is row-major of extents[0..ndim); its element (i_0, ..., i_{ndim-1}) has the index
+// base + sum_d i_d * strides[d] in the whole tensor.
+struct DropoutTile {
+    int64_t ndim = 0, base = 0;
+    int64_t extents[kDropoutMaxDims] = {}, strides[kDropoutMaxDims] = {};
+};
+
+void dropout(const Where &w, const DropoutTile &tile, int64_t seed, float p, const float *x, float *y);
 
 }  // namespace nntile::kernels

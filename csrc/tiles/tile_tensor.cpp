@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <iomanip>
 #include <map>
 #include <mutex>
@@ -28,8 +29,9 @@ std::unordered_set<TileTensor *> &live() {
     return s;
 }
 
-// Guards live(): tile tensors come and go on torch's autograd thread as well, and the stall report reads the set
-// from StarPU's watchdog thread.
+// Guards live() and the handles_ of every tensor in it: tile tensors come and go on torch's autograd thread as well,
+// and the stall report walks their handles from StarPU's watchdog thread (so ensure_handles and release_handles
+// change handles_ under it too).
 std::mutex &live_mutex() {
     static std::mutex m;
     return m;
@@ -120,7 +122,16 @@ Capacity capacity() {
 void install_shutdown_hook() {
     static bool done = [] {
         add_shutdown_hook([](bool keep_data) {
-            for (TileTensor *t : live_snapshot()) t->release_handles(keep_data);
+            // Every tensor lets go of its handles before StarPU stops, even when another's values cannot be saved.
+            std::exception_ptr failed;
+            for (TileTensor *t : live_snapshot()) {
+                try {
+                    t->release_handles(keep_data);
+                } catch (...) {
+                    if (!failed) failed = std::current_exception();
+                }
+            }
+            if (failed) std::rethrow_exception(failed);
         });
         return true;
     }();
@@ -171,9 +182,7 @@ HostWaits &host_waits() {
 }
 
 std::chrono::microseconds wait_report_delay() {
-    const char *v = std::getenv("STARPU_WATCHDOG_TIMEOUT");  // microseconds; runtime_init sets 2 minutes
-    const long long us = v && *v ? std::atoll(v) : 120000000LL;
-    return std::chrono::microseconds(std::max(us, 1000LL));
+    return std::chrono::microseconds(std::max<int64_t>(watchdog_timeout_us(), 1000));  // not getenv: runtime.h
 }
 
 void monitor_host_waits() {
@@ -372,15 +381,21 @@ void TileTensor::ensure_handles() {
     }
     note_peak(total);
     const bool homed = persistent_ && allocate_homes();
-    handles_.resize(ntiles());
+    std::vector<starpu_data_handle_t> handles(ntiles());
     for (int64_t t = 0; t < ntiles(); ++t) {
         const int64_t n = tile_numel(t);
         if (homed)
-            starpu_vector_data_register(&handles_[t], STARPU_MAIN_RAM, (uintptr_t)homes_[t], (uint32_t)n,
+            starpu_vector_data_register(&handles[t], STARPU_MAIN_RAM, (uintptr_t)homes_[t], (uint32_t)n,
                                         dtype_size(dtype_));
         else
-            starpu_vector_data_register(&handles_[t], -1, 0, (uint32_t)n, dtype_size(dtype_));
-        starpu_data_set_reduction_methods(handles_[t], nullptr, zero_fill_codelet());  // initializer only
+            starpu_vector_data_register(&handles[t], -1, 0, (uint32_t)n, dtype_size(dtype_));
+        starpu_data_set_reduction_methods(handles[t], nullptr, zero_fill_codelet());  // initializer only
+    }
+    {
+        // Whole, under the lock the stall report walks handles_ with (it read null handles of a tensor being
+        // registered again after a restart).
+        std::lock_guard<std::mutex> lock(live_mutex());
+        handles_ = std::move(handles);
     }
     if (saved_.defined()) {
         torch::Tensor saved = saved_;
@@ -530,8 +545,9 @@ size_t tile_bytes_of(const TileTensor &t, int64_t linear) {
 }  // namespace
 
 int64_t host_home_budget() {
-    const char *v = std::getenv("NNTILE_HOST_HOMES");
-    if (!v || !*v) return 0;
+    const std::string setting = host_homes_setting();  // read at init (runtime.h), not getenv on this thread
+    const char *v = setting.c_str();
+    if (!*v) return 0;
     char *end = nullptr;
     double x = std::strtod(v, &end);
     std::string unit = end ? std::string(end) : std::string();
@@ -634,12 +650,24 @@ std::string memory_nodes_text() {
 
 void TileTensor::release_handles(bool keep_data) {
     if (handles_.empty()) return;
-    if (keep_data) saved_ = to_dense();  // on the host: the GPU's memory goes with StarPU
+    std::exception_ptr failed;  // the values could not be saved: the handles go all the same, then it is raised
+    if (keep_data) {
+        try {
+            saved_ = to_dense();  // on the host: the GPU's memory goes with StarPU
+        } catch (...) {
+            failed = std::current_exception();
+        }
+    }
     KeepCudaDevice keep;  // unregistering frees GPU buffers from this thread
-    for (auto h : handles_) starpu_data_unregister(h);
-    handles_.clear();
+    std::vector<starpu_data_handle_t> handles;
+    {
+        std::lock_guard<std::mutex> lock(live_mutex());  // see live_mutex()
+        handles.swap(handles_);
+    }
+    for (auto h : handles) starpu_data_unregister(h);
     free_homes();
     live_bytes().fetch_sub(bytes_of(*this));
+    if (failed) std::rethrow_exception(failed);
 }
 
 }  // namespace nntile

@@ -104,7 +104,7 @@ class GELU(nn.Module):
 class Dropout(nn.Module):
     """torch.nn.Dropout as tile tasks. In training each call draws a seed from torch's default CPU generator
     (so torch.manual_seed makes runs repeatable); the mask is a hash of (seed, element index), the same on CPU
-    and GPU and for any worker count, recomputed in backward rather than stored. It is not torch's mask: the
+    and GPU, for any tile sizes and any worker count, recomputed in backward rather than stored. It is not torch's mask: the
     same seed gives other elements dropped than torch.nn.Dropout would. Identity in eval mode or for p = 0."""
 
     def __init__(self, p=0.5, inplace=False, *, tile_size=None, batch_tile_size=None):

@@ -1,0 +1,79 @@
+"""The Python package's shape: modules that import one way, and metadata pip can install from."""
+import ast
+import pathlib
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "nntile_torch"
+
+
+def _module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path, modules):
+    """nntile_torch modules that `path` imports, anywhere in it (function-level imports too)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from X import y` imports X.y when that is a module, else X
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def test_no_import_cycles_in_the_package():
+    """Layers that read one way: no module of nntile_torch imports, even lazily inside a function, one that
+    imports it back (tensor.py imported functional.py inside __torch_function__, functional.py imports tensor.py;
+    F.cross_entropy on tiles is registered by functional.py now)."""
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {_module_name(f) for f in files}
+    graph = {_module_name(f): _imports(f, modules) for f in files}
+    # A submodule importing its own package's __init__ (`from .. import config` resolves to the module) is fine;
+    # the package __init__ importing everything is what a package does. Cycles among modules are not.
+    state, cycles = {}, []
+
+    def visit(m, path):
+        state[m] = "open"
+        for n in sorted(graph[m]):
+            if n == "nntile_torch" or m == "nntile_torch":
+                continue
+            if state.get(n) == "open":
+                cycles.append(path[path.index(n):] + [n])
+            elif n not in state:
+                visit(n, path + [n])
+        state[m] = "done"
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_pyproject_declares_what_pip_needs():
+    """pip install . reads the name, version, Python and the in-tree backend from pyproject.toml; the backend
+    exposes the PEP 517 and PEP 660 hooks (wheel and editable)."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    project, build = meta["project"], meta["build-system"]
+    assert project["name"] == "nntile_torch" and project["version"] and project["requires-python"] == ">=3.10"
+    assert "dependencies" in project["dynamic"]  # setup.py: torch==<the one compiled against>, tqdm
+    assert not any(r.split("=")[0].split(">")[0].strip() == "torch" for r in build["requires"])
+    backend = ROOT / build["backend-path"][0] / (build["build-backend"] + ".py")
+    hooks = {n.name for n in ast.walk(ast.parse(backend.read_text())) if isinstance(n, ast.alias)}
+    assert {"build_wheel", "build_editable", "prepare_metadata_for_build_wheel",
+            "get_requires_for_build_editable"} <= hooks
+    setup = (ROOT / "setup.py").read_text()
+    assert '"tqdm"' in setup and "torch_requirement()" in setup

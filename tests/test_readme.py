@@ -1,0 +1,17 @@
+"""The README's example runs as printed (on the CPU here; on the GPU where there is one)."""
+import pathlib
+import re
+
+from conftest import run_python
+
+README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_the_readme_example_trains():
+    text = README.read_text()
+    example = text.split("## Example", 1)[1]
+    code = re.search(r"```python\n(.*?)```", example, re.S).group(1)
+    rc, out, err = run_python(code, 300, what="the README's example")
+    assert rc == 0, err[-3000:]
+    losses = [float(line.split()[1]) for line in out.splitlines() if line.strip()]
+    assert len(losses) == 20 and losses[-1] < losses[0], out
