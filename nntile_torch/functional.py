@@ -393,6 +393,36 @@ def tiled_scaled_dot_product_attention(query, key, value, attn_mask=None, dropou
     return HeadsAttentionFunction.apply(query, key, value, mask, scale, bool(getattr(query, "_nntile_bf16", False)))
 
 
+def check_indices(idx, num_embeddings, what):
+    """Clear errors for bad indices, before any kernel (on a GPU an out-of-range index is a device-side assert).
+    Indices on the CPU are checked here (no wait); for indices elsewhere (a GPU) a host read would wait for the
+    device, so the range is left to a task (EmbeddingFunction's index_check) and `what` is returned:
+    the error then comes at the next host wait (loss.item())."""
+    if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8,
+                                                               torch.uint8):
+        raise TypeError(f"{what}: indices must be an integer tensor (got "
+                        f"{idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__})")
+    if idx.device.type != "cpu":
+        return what
+    if idx.numel():
+        lo, hi = (int(v) for v in torch.aminmax(idx))  # reads two integers of the input, not tiles
+        if lo < 0 or hi >= num_embeddings:
+            raise IndexError(f"{what}: index {hi if hi >= num_embeddings else lo} is out of range for "
+                             f"{num_embeddings} rows (token ids must be < vocab size, sequences no longer than the "
+                             "model's positions)")
+    return None
+
+
+def check_indices_now(idx, num_embeddings, what):
+    """check_indices for an embedding left as torch code: indices on a GPU are read (a host wait, counted)."""
+    if check_indices(idx, num_embeddings, what) is not None and idx.numel():
+        _C.count_wait()
+        lo, hi = (int(v) for v in torch.aminmax(idx))
+        if lo < 0 or hi >= num_embeddings:
+            raise IndexError(f"{what}: index {hi if hi >= num_embeddings else lo} is out of range for "
+                             f"{num_embeddings} rows")
+
+
 class EmbeddingFunction(torch.autograd.Function):
     """out = weight[ids]: ids (...) integer, weight (V, C) a TileTensor in tiles of whole rows (tv, C) -> out
     (..., C) tiled (batch_tile, C) over the flattened ids. One task per (id tile, vocabulary tile)."""
@@ -536,7 +566,6 @@ def tiled_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.
             or max_norm is not None or scale_grad_by_freq or sparse or isinstance(input, TileTensor):
         return NotImplemented
     from .config import DEFAULT_BATCH_TILE_SIZE
-    from .nn.embedding import check_indices
     check = check_indices(input, weight.shape[0], "embedding")
     return EmbeddingFunction.apply(input, weight, DEFAULT_BATCH_TILE_SIZE, check)
 

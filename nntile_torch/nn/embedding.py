@@ -3,41 +3,10 @@ import torch
 from torch import nn
 
 from .. import config
-from ..functional import EmbeddingFunction
+from ..functional import EmbeddingFunction, check_indices, check_indices_now  # noqa: F401 (re-exported)
 from ..runtime import ensure_init
 from ..tensor import TileTensor, without_torch_function
 from . import _init
-
-
-def check_indices(idx, num_embeddings, what):
-    """Clear errors for bad indices, before any kernel (on a GPU an out-of-range index is a device-side assert).
-    Indices on the CPU are checked here (no wait); for indices elsewhere (a GPU) a host read would wait for the
-    device, so the range is left to a task (functional.EmbeddingFunction's index_check) and `what` is returned:
-    the error then comes at the next host wait (loss.item())."""
-    if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8,
-                                                               torch.uint8):
-        raise TypeError(f"{what}: indices must be an integer tensor (got "
-                        f"{idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__})")
-    if idx.device.type != "cpu":
-        return what
-    if idx.numel():
-        lo, hi = (int(v) for v in torch.aminmax(idx))  # reads two integers of the input, not tiles
-        if lo < 0 or hi >= num_embeddings:
-            raise IndexError(f"{what}: index {hi if hi >= num_embeddings else lo} is out of range for "
-                             f"{num_embeddings} rows (token ids must be < vocab size, sequences no longer than the "
-                             "model's positions)")
-    return None
-
-
-def check_indices_now(idx, num_embeddings, what):
-    """check_indices for an embedding left as torch code: indices on a GPU are read (a host wait, counted)."""
-    if check_indices(idx, num_embeddings, what) is not None and idx.numel():
-        from .. import _C
-        _C.count_wait()
-        lo, hi = (int(v) for v in torch.aminmax(idx))
-        if lo < 0 or hi >= num_embeddings:
-            raise IndexError(f"{what}: index {hi if hi >= num_embeddings else lo} is out of range for "
-                             f"{num_embeddings} rows")
 
 
 class Embedding(nn.Module):
