@@ -113,7 +113,7 @@ starpu_libs = [f[2:] for f in pkg_config("--libs-only-l")]
 include_dirs = starpu_inc
 library_dirs = list(starpu_libdirs)
 libraries = list(starpu_libs)
-cxx_flags = ["-O3", "-std=c++20", "-fopenmp", "-fno-math-errno", f"-fmacro-prefix-map={here}/="]  # error messages name csrc/...
+cxx_flags = ["-O3", "-std=c++20", "-ffp-contract=off", "-fopenmp", "-fno-math-errno", f"-fmacro-prefix-map={here}/="]  # error messages name csrc/...
 link_args = ["-fopenmp"] + ["-Wl,-rpath," + d for d in starpu_libdirs]
 if sys.platform.startswith("linux"):
     # The C++ runtime torch itself uses, shared. The H200 machine's g++ linked a private static copy into the

@@ -5,6 +5,9 @@ n_positions is max(1024, seq) (the tiny one: max(32, seq)), so the parameter cou
 """
 from dataclasses import dataclass
 
+# nntile variant flags that set things by hand (no memory plan); none: nt.plan() chooses. noplan: nntile's defaults.
+MANUAL_NNTILE_FLAGS = {"ckpt", "stepbwd", "bf16state", "offload", "noplan"}
+
 GPT2_VOCAB = 50257
 
 

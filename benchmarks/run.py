@@ -10,7 +10,8 @@ Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:
   torch      eager; variants plain, ckpt (activation checkpointing)
   nntile     nntile_torch.convert + nntile_torch.optim.AdamW; plain: the memory plan (nt.plan) picks every setting;
              by hand instead: ckpt, stepbwd (AdamW in backward), bf16state (bf16 moments), offload
-             (--offload-fraction of the weights updated on CPU workers), noplan (nntile's defaults, no plan)
+             (--offload-fraction of the weights updated on CPU workers), noplan (nntile's defaults, no plan);
+             cpuupdate, gpuupdate: the plan with its host blocks updated on CPU workers / on the GPU
   fsdp       FSDP1 FULL_SHARD per GPT2Block; variants plain, offload (CPUOffload(offload_params=True)), ckpt
   fsdp2      fully_shard per GPT2Block + root; variants plain, offload (CPUOffloadPolicy), ckpt
   deepspeed  ZeRO-3; variants offload (params + optimizer to CPU, the default), nvme (to --nvme-path),
@@ -41,6 +42,7 @@ import tempfile
 import time
 
 from benchmarks.configs import (
+    MANUAL_NNTILE_FLAGS,
     CAPACITY_LADDER,
     CONFIGS,
     by_size,
@@ -54,8 +56,9 @@ VARIANTS = {
     "torch": ({"ckpt"}, ""),
     # stepbwd: AdamW(step_in_backward=True), gradients never all held; bf16state: AdamW(state_dtype=bfloat16)
     # offload: AdamW(offload=--offload-fraction), those updates on CPU workers with their state in host RAM
-    # no flag: the memory plan (nt.plan) chooses; noplan: nntile's defaults without a plan
-    "nntile": ({"ckpt", "stepbwd", "bf16state", "offload", "noplan"}, ""),
+    # no flag: the memory plan (nt.plan) chooses; noplan: nntile's defaults without a plan; cpuupdate / gpuupdate:
+    # the plan, with its host blocks' updates pinned to CPU workers / the GPU
+    "nntile": ({"ckpt", "stepbwd", "bf16state", "offload", "noplan", "cpuupdate", "gpuupdate"}, ""),
     "fsdp": ({"offload", "ckpt"}, ""),
     "fsdp2": ({"offload", "ckpt"}, ""),
     "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),
@@ -78,6 +81,10 @@ def canonical_variant(backend, text):
     bad = flags - allowed
     if bad:
         raise ValueError(f"{backend} has no variant flag {sorted(bad)} (flags: {sorted(allowed)}, or plain)")
+    if backend == "nntile" and flags & {"cpuupdate", "gpuupdate"} and (
+            flags & {"cpuupdate", "gpuupdate"} == {"cpuupdate", "gpuupdate"} or flags & MANUAL_NNTILE_FLAGS):
+        raise ValueError("nntile variants cpuupdate and gpuupdate pin the plan's host updates: one of them, without "
+                         f"the flags that turn the plan off ({sorted(MANUAL_NNTILE_FLAGS)})")
     if backend == "deepspeed":  # offloads to CPU unless told gpu (no offload) or nvme
         if "gpu" in flags and flags & {"offload", "nvme"}:
             raise ValueError("deepspeed variant 'gpu' (no offload) excludes offload and nvme")

@@ -22,11 +22,9 @@ import traceback
 
 import torch
 
-from benchmarks.configs import hf_config
+from benchmarks.configs import MANUAL_NNTILE_FLAGS, hf_config
 
 
-# nntile variant flags that set things by hand (no memory plan); none: nt.plan() chooses. noplan: nntile's defaults.
-MANUAL_NNTILE_FLAGS = {"ckpt", "stepbwd", "bf16state", "offload", "noplan"}
 
 
 class Unavailable(Exception):
@@ -199,7 +197,9 @@ def setup_nntile(spec, cuda, rank, world):
             shape_only = transformers.GPT2LMHeadModel(hf_config(spec["config"], spec["seq"]))
         plan = nt.plan(shape_only, spec["batch"], spec["seq"], spec["precision"],
                        gpu_memory=o["cuda_memory_limit"] if cuda else None, host_memory=o["host_memory_limit"],
-                       disk_limit=o["disk_limit"] if o["disk_path"] else None)
+                       disk_limit=o["disk_limit"] if o["disk_path"] else None,
+                       host_update="cpu" if "cpuupdate" in spec["flags"] else "gpu" if "gpuupdate" in spec["flags"]
+                       else None)
         print(plan, flush=True)
         del shape_only
         if ncpus is None and cuda:

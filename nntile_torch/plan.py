@@ -9,10 +9,12 @@ anything is allocated, when a model fits nowhere.
     model = nt.convert(model, precision="bf16", plan=plan)         # + checkpointing and the streaming hooks
     opt = nt.optim.AdamW(model.parameters(), lr=3e-4, plan=plan)   # + state dtype, in-backward and host updates
 
-Placement is by whole blocks: the last blocks of the model are the ones whose optimizer state lives in host RAM
-and is updated there by CPU workers (their gradients arrive first in the backward, so the CPU has the rest of the
-backward to update them, and the next forward needs them last); the GPU keeps the first blocks' state, the
-embeddings, the activations and a streaming window of the host blocks' bf16 weights.
+Placement is by whole blocks: the last blocks of the model are the ones whose state (fp32 master weights, AdamW
+moments, bf16 copies) lives in host RAM between steps (their gradients arrive first in the backward and the next
+forward needs them last); the GPU keeps the first blocks' state, the embeddings, the activations and a streaming
+window of the host blocks' tiles. A host block is updated either by CPU workers where its state lives (its fp32
+gradient crosses PCIe; ZeRO-Offload's split) or on the GPU (its master weight and moments cross PCIe both ways
+around the update; the CPU does nothing), whichever the plan predicts faster.
 """
 import dataclasses
 import math
@@ -133,6 +135,7 @@ class Rates:
     per_layer_token_width_s: float = 2.6e-10  # everything else on the GPU per (layer x token x width)
     pcie_bytes_s: float = 48e9  # each direction, pinned, 4 MiB+ transfers
     host_update_bytes_s: float = 25e9  # CPU AdamW + bf16 copy of the host blocks, 14 CPU workers (20B batch 16)
+    hbm_bytes_s: float = 3e12  # GPU memory, for the GPU's AdamW updates
     disk_bytes_s: float = 2e9
 
     def gemm(self, precision):
@@ -142,7 +145,8 @@ class Rates:
 def _cpu_rates():
     cores = os.cpu_count() or 1
     return Rates(gemm_flops=cores * 30e9, gemm_flops_tf32=cores * 30e9, gemm_flops_fp32=cores * 30e9,
-                 per_layer_token_width_s=2e-8 / cores, pcie_bytes_s=1e12, host_update_bytes_s=cores * 2e9)
+                 per_layer_token_width_s=2e-8 / cores, pcie_bytes_s=1e12, host_update_bytes_s=cores * 2e9,
+                 hbm_bytes_s=cores * 2e9)
 
 
 @dataclasses.dataclass
@@ -180,6 +184,7 @@ class Option:
     step_in_backward: bool
     checkpointing: bool
     host_blocks: int  # the last host_blocks blocks keep their state in host RAM
+    host_update: str = "cpu"  # where those blocks are updated: "cpu" (CPU workers) or "gpu" (state fetched, written back)
 
 
 class MemoryPlan:
@@ -193,6 +198,7 @@ class MemoryPlan:
         self.step_in_backward = option.step_in_backward
         self.checkpointing = option.checkpointing
         self.host_blocks = option.host_blocks
+        self.host_update = option.host_update if option.host_blocks else None
         self.capacity, self.rates = capacity, rates
         self.tiers = tiers  # {"gpu": {category: bytes}, "host": {...}, "disk": {...}}
         self.traffic = traffic  # {"pcie_to_gpu": bytes, "pcie_to_host": bytes, "disk": bytes} per step
@@ -247,7 +253,7 @@ class MemoryPlan:
     def init_kwargs(self):
         """nt.init's arguments for this plan (CPU workers for the host blocks' updates)."""
         kw = {}
-        if self.beyond_gpu and self.capacity.gpus:
+        if self.beyond_gpu and self.capacity.gpus and self.host_update == "cpu":
             kw["ncpus"] = self.capacity.cpu_workers
         if self.submission_window:
             kw["max_submitted_tasks"] = self.submission_window
@@ -266,6 +272,7 @@ class MemoryPlan:
         if self.beyond_gpu:
             names = set(self.host_parameter_names())
             kw["offload"] = [p for p in params if getattr(p, "_nntile_plan_name", None) in names]
+            kw["offload_update"] = self.host_update
         return kw
 
     def apply(self, model):
@@ -290,7 +297,7 @@ class MemoryPlan:
         return {"batch": self.batch, "seq": self.seq, "precision": self.precision,
                 "state_dtype": str(self.state_dtype).replace("torch.", ""),
                 "step_in_backward": self.step_in_backward, "checkpointing": self.checkpointing,
-                "host_blocks": self.host_blocks, "blocks": self.facts.n_layer, "lookahead_blocks": self.lookahead,
+                "host_blocks": self.host_blocks, "host_update": self.host_update, "blocks": self.facts.n_layer, "lookahead_blocks": self.lookahead,
                 "tiers_bytes": {t: dict(c) for t, c in self.tiers.items()},
                 "capacity_bytes": {"gpu": self.capacity.gpu_bytes, "host": self.capacity.host_bytes,
                                    "disk": self.capacity.disk_bytes},
@@ -309,8 +316,10 @@ class MemoryPlan:
                  f"{'updates inside backward' if self.step_in_backward else 'updates in step()'}, "
                  f"activation checkpointing {'on' if self.checkpointing else 'off'}, "
                  + (f"blocks {f.n_layer - self.host_blocks}-{f.n_layer - 1} ({self.host_blocks}) keep their state "
-                    f"in host RAM and are updated by {cap.cpu_workers} CPU workers, "
-                    f"GPU prefetches {self.lookahead} blocks ahead" if self.host_blocks else
+                    f"in host RAM and are updated "
+                    + (f"by {cap.cpu_workers} CPU workers" if self.host_update == "cpu" else
+                       "on the GPU (state fetched and written back)")
+                    + f", GPU prefetches {self.lookahead} blocks ahead" if self.host_blocks else
                     "every tile on the GPU" if cap.gpu_bytes else "every tile in host RAM")]
         caps = {"gpu": cap.gpu_bytes, "host": cap.host_bytes, "disk": cap.disk_bytes}
         lines.append(f"  {'tier':<5} {'what':<34} {'GiB':>8}")
@@ -371,6 +380,10 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
         if opt.host_blocks:  # the host blocks' weights being used, plus those prefetched (their gradients are
             # among the two blocks' in flight; once copied to host RAM a GPU copy is clean and evicted as needed)
             g["streamed weights (host blocks)"] = (lookahead + 2) * block_numel * weight_bytes
+            if opt.host_update == "gpu":  # one block's master weights, moments and new bf16 copies: fetched for
+                # its update while the block before it computes, written back at once (clean copies after that, the
+                # first to be evicted: the reserve covers the overlap of one block's write-back and the next fetch)
+                g["streamed state (GPU updates)"] = block_numel * (4 + moment + (2 if precision == "bf16" else 0))
         g["reserve (allocator, cache)"] = max(cap.gpu_bytes // 25, min(2 * GiB, cap.gpu_bytes // 10))
     h = tiers["host"]
     if on_host:
@@ -378,7 +391,7 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
     if not cap.gpu_bytes:
         h["activations"] = act
         h["gradients in flight"] = grads
-    elif opt.host_blocks:
+    elif opt.host_blocks and opt.host_update == "cpu":
         h["gradients arriving"] = 3 * 4 * block_numel
     if on_host:
         h["reserve (allocator)"] = max(GiB // 4, cap.host_bytes // 50)
@@ -400,18 +413,27 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
     gpu_s = flops / rates.gemm(precision) / gpus \
         + rates.per_layer_token_width_s * facts.n_layer * tokens * facts.width * (4 / 3 if opt.checkpointing else 1) / gpus
     host_numel = sum(p.numel for p in on_host) if cap.gpu_bytes else 0
-    to_gpu = 2 * weight_bytes * host_numel  # forward and backward
-    to_host = 4 * host_numel  # fp32 gradients
-    pcie_s = max(to_gpu, to_host) / rates.pcie_bytes_s
     update_bytes = 4 + 8 + 2 * moment + (6 if precision == "bf16" else 0)  # g; p r/w; m, v r/w; bf16 copy
-    host_update_s = host_numel * update_bytes / rates.host_update_bytes_s
+    to_gpu = 2 * weight_bytes * host_numel  # forward and backward
+    if opt.host_update == "gpu":
+        copy = 2 if precision == "bf16" else 0
+        to_gpu += (4 + moment) * host_numel  # master weight and moments to the update
+        to_host = (4 + moment + copy) * host_numel  # and back, with the new bf16 copy
+        gpu_s += host_numel * update_bytes / rates.hbm_bytes_s
+        host_update_s = 0.0
+    else:
+        to_host = 4 * host_numel  # fp32 gradients
+        host_update_s = host_numel * update_bytes / rates.host_update_bytes_s
+    pcie_s = max(to_gpu, to_host) / rates.pcie_bytes_s
     if not cap.gpu_bytes:
         host_update_s = 0.0  # part of the compute
     disk_bytes = 2 * spill if spill and not missing.get("host") else 0
     disk_s = disk_bytes / rates.disk_bytes_s
-    # The GPU, PCIe and the CPU updates overlap; the first host block's weights and the last update do not.
+    # The GPU, PCIe and the CPU updates overlap; the first host block's weights and the last update do not (on the
+    # GPU: the fetch of the last updated block's master weight and moments).
     exposed = (block_numel * weight_bytes / rates.pcie_bytes_s if opt.host_blocks else 0.0) \
-        + (host_update_s / max(1, opt.host_blocks) if opt.host_blocks else 0.0)
+        + (host_update_s / max(1, opt.host_blocks) if opt.host_blocks else 0.0) \
+        + (block_numel * (4 + moment) / rates.pcie_bytes_s if opt.host_blocks and opt.host_update == "gpu" else 0.0)
     step_s = max(gpu_s, pcie_s, host_update_s) + exposed + disk_s
     times = {"gpu_s": gpu_s, "pcie_s": pcie_s, "host_update_s": host_update_s, "disk_s": disk_s, "step_s": step_s}
     traffic = {"pcie_to_gpu": to_gpu, "pcie_to_host": to_host, "disk": disk_bytes}
@@ -419,13 +441,13 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
 
 
 def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backward=None, checkpointing=None,
-         host_blocks=None, gpu_memory=None, host_memory=None, disk_limit=None, lookahead=2, rates=None):
+         host_blocks=None, host_update=None, gpu_memory=None, host_memory=None, disk_limit=None, lookahead=2, rates=None):
     """The memory plan for training `model` (a torch.nn.Module as built, on any device including meta, converted
     or not) on batches of `batch` sequences of `seq` tokens with nntile_torch.optim.AdamW.
 
     Capacities default to the running runtime's limits (nt.info()), or to the ones nt.init() would set on this
     machine; gpu_memory / host_memory / disk_limit (bytes or "100GiB") override them. state_dtype,
-    step_in_backward, checkpointing and host_blocks pin a choice; left as None the plan picks, among the placements
+    step_in_backward, checkpointing, host_blocks and host_update ("cpu" or "gpu") pin a choice; left as None the plan picks, among the placements
     that fit, the one with the shortest predicted step, the more exact one on a tie (fp32 moments, updates in
     step(), no checkpointing). Raises InsufficientMemoryError, within milliseconds and before anything is
     allocated, when none fits, saying how many bytes are missing where and what would make it fit."""
@@ -435,6 +457,8 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     for name, v in (("batch", batch), ("seq", seq), ("lookahead", lookahead)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "lookahead" else 1):
             raise ValueError(f"{name} must be a positive int (got {v!r})")
+    if host_update not in (None, "cpu", "gpu"):
+        raise ValueError(f"host_update must be 'cpu', 'gpu' or None (got {host_update!r})")
     if state_dtype not in (None, torch.float32, torch.bfloat16):
         raise ValueError(f"state_dtype must be torch.float32, torch.bfloat16 or None (got {state_dtype!r})")
     facts = model_facts(model)
@@ -464,13 +488,14 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
                     (range(facts.n_layer + 1) if cap.gpu_bytes and facts.n_layer else [0])
                 for k in counts:
                     if k and not sib:
-                        continue  # host blocks' gradients go straight to their CPU update
-                    opt = Option(sd, sib, ckpt, k)
-                    tiers, traffic, times, missing = _evaluate(facts, batch, seq, precision, opt, cap, rates,
-                                                               lookahead)
-                    considered.append((opt, tiers, missing))
-                    if not missing:
-                        feasible.append((opt, tiers, traffic, times))
+                        continue  # host blocks' gradients go straight to their update
+                    for where in (choices(host_update, ["cpu", "gpu"]) if k else ["cpu"]):
+                        opt = Option(sd, sib, ckpt, k, where)
+                        tiers, traffic, times, missing = _evaluate(facts, batch, seq, precision, opt, cap, rates,
+                                                                   lookahead)
+                        considered.append((opt, tiers, missing))
+                        if not missing:
+                            feasible.append((opt, tiers, traffic, times))
     if not feasible:
         raise InsufficientMemoryError(*_explain(facts, batch, seq, considered, cap))
 
