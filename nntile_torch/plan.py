@@ -136,6 +136,10 @@ class Rates:
     pcie_bytes_s: float = 48e9  # each direction, pinned, 4 MiB+ transfers
     host_update_bytes_s: float = 25e9  # CPU AdamW + bf16 copy of the host blocks, 14 CPU workers (20B batch 16)
     hbm_bytes_s: float = 3e12  # GPU memory, for the GPU's AdamW updates
+    # What the GPU updates of host blocks cost beyond their overlapped transfers, per host parameter: fitted on the
+    # H200 (benchmarks/results/h200/memory_plan_v2: 20B batch 16 measured 8.97 s against 6.12 predicted without it,
+    # 13B batch 32 10.06 against 8.11: 0.25 ns per host parameter in both)
+    gpu_update_exposed_s: float = 2.5e-10
     disk_bytes_s: float = 2e9
 
     def gemm(self, precision):
@@ -146,7 +150,7 @@ def _cpu_rates():
     cores = os.cpu_count() or 1
     return Rates(gemm_flops=cores * 30e9, gemm_flops_tf32=cores * 30e9, gemm_flops_fp32=cores * 30e9,
                  per_layer_token_width_s=2e-8 / cores, pcie_bytes_s=1e12, host_update_bytes_s=cores * 2e9,
-                 hbm_bytes_s=cores * 2e9)
+                 hbm_bytes_s=cores * 2e9, gpu_update_exposed_s=0.0)
 
 
 @dataclasses.dataclass
@@ -433,7 +437,8 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
     # GPU: the fetch of the last updated block's master weight and moments).
     exposed = (block_numel * weight_bytes / rates.pcie_bytes_s if opt.host_blocks else 0.0) \
         + (host_update_s / max(1, opt.host_blocks) if opt.host_blocks else 0.0) \
-        + (block_numel * (4 + moment) / rates.pcie_bytes_s if opt.host_blocks and opt.host_update == "gpu" else 0.0)
+        + (block_numel * (4 + moment) / rates.pcie_bytes_s + host_numel * rates.gpu_update_exposed_s
+           if opt.host_blocks and opt.host_update == "gpu" else 0.0)
     step_s = max(gpu_s, pcie_s, host_update_s) + exposed + disk_s
     times = {"gpu_s": gpu_s, "pcie_s": pcie_s, "host_update_s": host_update_s, "disk_s": disk_s, "step_s": step_s}
     traffic = {"pcie_to_gpu": to_gpu, "pcie_to_host": to_host, "disk": disk_bytes}

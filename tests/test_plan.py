@@ -122,7 +122,10 @@ def test_plan_updates_host_blocks_where_it_predicts_faster():
     cpu = nt.plan(model, batch=16, seq=1024, host_update="cpu", **H200)
     assert auto.host_update == "gpu" and cpu.host_update == "cpu" and auto.host_blocks and cpu.host_blocks
     assert cpu.times["host_update_s"] > cpu.times["gpu_s"] and auto.times["host_update_s"] == 0
-    assert auto.predicted_step_s() < 0.75 * cpu.predicted_step_s()
+    assert auto.predicted_step_s() < 0.8 * cpu.predicted_step_s()
+    # 13B at batch 32: the CPU updates (8.2 s) sit about level with the GPU's 8 s; updating on the GPU costs more
+    # than it saves there (measured 10.06 s against 7.39 with the CPU's): the plan keeps the CPU workers
+    assert nt.plan(meta_gpt2(40, 5120, 40), batch=32, seq=1024, **H200).host_update == "cpu"
     assert auto.times["step_s"] >= max(auto.times["gpu_s"], auto.times["pcie_s"])
     n_host = sum(p.numel for p in auto.facts.params if p.name in set(auto.host_parameter_names()))
     assert auto.traffic["pcie_to_host"] == n_host * (4 + 4 + 2)  # master, bf16 moments, bf16 copy
