@@ -81,8 +81,8 @@ def canonical_variant(backend, text):
     bad = flags - allowed
     if bad:
         raise ValueError(f"{backend} has no variant flag {sorted(bad)} (flags: {sorted(allowed)}, or plain)")
-    if backend == "nntile" and flags & {"cpuupdate", "gpuupdate"} and (
-            flags & {"cpuupdate", "gpuupdate"} == {"cpuupdate", "gpuupdate"} or flags & MANUAL_NNTILE_FLAGS):
+    pins = flags & {"cpuupdate", "gpuupdate"} if backend == "nntile" else set()
+    if pins and (len(pins) > 1 or flags & MANUAL_NNTILE_FLAGS):
         raise ValueError("nntile variants cpuupdate and gpuupdate pin the plan's host updates: one of them, without "
                          f"the flags that turn the plan off ({sorted(MANUAL_NNTILE_FLAGS)})")
     if backend == "deepspeed":  # offloads to CPU unless told gpu (no offload) or nvme

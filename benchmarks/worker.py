@@ -26,7 +26,6 @@ from benchmarks.configs import MANUAL_NNTILE_FLAGS, hf_config
 
 
 
-
 class Unavailable(Exception):
     """The backend cannot run here (missing package, no GPU for an offload, ...): recorded, not an error."""
 

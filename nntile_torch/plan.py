@@ -188,7 +188,7 @@ class Option:
     step_in_backward: bool
     checkpointing: bool
     host_blocks: int  # the last host_blocks blocks keep their state in host RAM
-    host_update: str = "cpu"  # where those blocks are updated: "cpu" (CPU workers) or "gpu" (state fetched, written back)
+    host_update: str = "cpu"  # where those blocks are updated: "cpu" (CPU workers), "gpu" (state fetched, written back)
 
 
 class MemoryPlan:
@@ -301,7 +301,8 @@ class MemoryPlan:
         return {"batch": self.batch, "seq": self.seq, "precision": self.precision,
                 "state_dtype": str(self.state_dtype).replace("torch.", ""),
                 "step_in_backward": self.step_in_backward, "checkpointing": self.checkpointing,
-                "host_blocks": self.host_blocks, "host_update": self.host_update, "blocks": self.facts.n_layer, "lookahead_blocks": self.lookahead,
+                "host_blocks": self.host_blocks, "host_update": self.host_update, "blocks": self.facts.n_layer,
+                "lookahead_blocks": self.lookahead,
                 "tiers_bytes": {t: dict(c) for t, c in self.tiers.items()},
                 "capacity_bytes": {"gpu": self.capacity.gpu_bytes, "host": self.capacity.host_bytes,
                                    "disk": self.capacity.disk_bytes},
@@ -446,15 +447,16 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
 
 
 def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backward=None, checkpointing=None,
-         host_blocks=None, host_update=None, gpu_memory=None, host_memory=None, disk_limit=None, lookahead=2, rates=None):
+         host_blocks=None, host_update=None, gpu_memory=None, host_memory=None, disk_limit=None, lookahead=2,
+         rates=None):
     """The memory plan for training `model` (a torch.nn.Module as built, on any device including meta, converted
     or not) on batches of `batch` sequences of `seq` tokens with nntile_torch.optim.AdamW.
 
     Capacities default to the running runtime's limits (nt.info()), or to the ones nt.init() would set on this
     machine; gpu_memory / host_memory / disk_limit (bytes or "100GiB") override them. state_dtype,
-    step_in_backward, checkpointing, host_blocks and host_update ("cpu" or "gpu") pin a choice; left as None the plan picks, among the placements
-    that fit, the one with the shortest predicted step, the more exact one on a tie (fp32 moments, updates in
-    step(), no checkpointing). Raises InsufficientMemoryError, within milliseconds and before anything is
+    step_in_backward, checkpointing, host_blocks and host_update ("cpu" or "gpu") pin a choice; left as None the
+    plan picks, among the placements that fit, the one with the shortest predicted step, the more exact one on a
+    tie (fp32 moments, updates in step(), no checkpointing). Raises InsufficientMemoryError, within milliseconds and before anything is
     allocated, when none fits, saying how many bytes are missing where and what would make it fit."""
     from .config import check_precision
     from .runtime import parse_bytes

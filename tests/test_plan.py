@@ -130,7 +130,8 @@ def test_plan_updates_host_blocks_where_it_predicts_faster():
     n_host = sum(p.numel for p in auto.facts.params if p.name in set(auto.host_parameter_names()))
     assert auto.traffic["pcie_to_host"] == n_host * (4 + 4 + 2)  # master, bf16 moments, bf16 copy
     assert auto.traffic["pcie_to_gpu"] == n_host * (2 * 2 + 4 + 4)  # bf16 weights twice, master and moments
-    assert auto.tiers["gpu"]["streamed state (GPU updates)"] > 0 and "streamed state (GPU updates)" not in cpu.tiers["gpu"]
+    streamed = "streamed state (GPU updates)"
+    assert auto.tiers["gpu"][streamed] > 0 and streamed not in cpu.tiers["gpu"]
     assert "ncpus" in cpu.init_kwargs() and "ncpus" not in auto.init_kwargs()
     assert "on the GPU" in str(auto) and "CPU workers" in str(cpu)
     with pytest.raises(ValueError, match="host_update"):

@@ -80,7 +80,7 @@ class AdamW(torch.optim.Optimizer):
     PCIe traffic (12 bytes per parameter each way instead of 4 + 4), no CPU work: faster where the CPU updates, not
     PCIe, bound the step (the memory plan chooses). Same updates as on CPU workers.
 
-    plan (nt.plan(...)): step_in_backward, state_dtype and offload as the memory plan chose them (arguments given
+    plan (nt.plan(...)): step_in_backward, state_dtype, offload and offload_update as the memory plan chose them (arguments given
     here must agree with it); the parameters the plan keeps in host RAM are those of its last blocks.
     """
 
@@ -159,9 +159,9 @@ class AdamW(torch.optim.Optimizer):
                     break
                 chosen.add(p)
                 taken += p.numel()
-        workers = info().get("workers") or {}
         if where == "gpu":
             return chosen  # on a machine without GPUs "the GPU" is the CPU workers: the same updates
+        workers = info().get("workers") or {}
         if chosen and workers.get("cpu", 0) == 0:
             raise ValueError("offload= needs CPU workers to run the updates (nt.init(ncpus=...))")
         if chosen and workers.get("cuda", 0) > 0 and workers.get("cpu", 0) < 4:
