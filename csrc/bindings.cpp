@@ -180,7 +180,9 @@ PYBIND11_MODULE(_C, m) {
         wait_all();
     });
 
-    py::class_<TileTensor, TileTensorPtr>(m, "TileTensor")
+    // dynamic_attr: Python may mark tiles, e.g. logical_dtype = "float32" on the bf16 tiles of a bf16 master weight
+    // (nntile_torch/tensor.py), which every TileTensor made over them then reports
+    py::class_<TileTensor, TileTensorPtr>(m, "TileTensor", py::dynamic_attr())
         .def(py::init([](std::vector<int64_t> shape, std::vector<int64_t> tile_shape, const std::string &dtype,
                          const std::string &name, bool persistent) {
                  return std::make_shared<TileTensor>(shape, tile_shape, parse_dtype(dtype), name, persistent);
@@ -216,6 +218,7 @@ PYBIND11_MODULE(_C, m) {
              py::call_guard<py::gil_scoped_release>())
         .def("wont_use", &TileTensor::wont_use)
         .def("prefetch", &TileTensor::prefetch, py::arg("node"))
+        .def("fetch", &TileTensor::fetch, py::arg("node"))
         .def("wait_written", &TileTensor::wait_written, py::call_guard<py::gil_scoped_release>())
         .def("invalidate", &TileTensor::invalidate);
 

@@ -25,6 +25,7 @@ from torch import nn
 from tqdm import tqdm
 
 from . import config
+from .functional import keep_as_bf16_master
 from .nn import GELU, Conv1D, Dropout, Embedding, LayerNorm, Linear
 from .nn.embedding import check_indices_now
 from .nn._init import no_init
@@ -185,6 +186,7 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
         p.is_meta for _, m, _ in tile_plan for p in m.parameters(recurse=False))
     home = _home_device(init_device) if meta_plan else None  # only meta modules need one
     keep = []
+    bf16_masters = set(plan.bf16_master_parameter_names()) if plan is not None else set()
     if progress is None:
         progress = sys.stderr.isatty() and sum(p.numel() for p in model.parameters()) >= 10**9
     for parent, cname, old, what, full in tqdm(swaps, desc="nntile_torch.convert", unit="module",
@@ -212,6 +214,8 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
                     getattr(new, pname).copy_(p)
                 getattr(new, pname).requires_grad_(p.requires_grad)
                 swapped[key] = getattr(new, pname)
+                if f"{full}.{pname}" in bf16_masters:  # the plan keeps it as a bf16 master weight
+                    keep_as_bf16_master(getattr(new, pname), on_host=plan.in_host_ram(full))
         if meta:
             old.to_empty(device="meta", recurse=False)  # drop the dense copy now, not when the loop ends
         new.train(old.training)

@@ -93,6 +93,23 @@ def to_bf16(t):
     return b
 
 
+def keep_as_bf16_master(param, on_host=False):
+    """Replaces a float32 tile parameter's tiles by bf16 ones with its values rounded to nearest (the memory plan's
+    master_dtype=torch.bfloat16): the parameter stays a float32 tensor to torch (state_dict, gradients, optimizers
+    see float32), its only copy is bf16, which the matmuls read as it is and AdamW updates with stochastic rounding.
+    on_host: the conversion runs on CPU workers, so the new tiles start in host RAM (a block the plan keeps there)."""
+    t = param._tiles
+    if t.dtype != "float32" or param.dtype != torch.float32:
+        raise TypeError(f"a bf16 master weight is made from a float32 tile parameter (got tiles of {t.dtype})")
+    b = _C.TileTensor(list(t.shape), list(t.tile_shape), "bfloat16", t.name, t.persistent)
+    with host_tasks() if on_host else contextlib.nullcontext():
+        _C.convert(t, b)
+    b.logical_dtype = "float32"
+    param._tiles = b
+    param._dense_cache = None
+    param._bf16_cache = None
+
+
 def weight_bf16(weight):
     """bf16 tiles of a weight, made once per weight version (the optimizer's update makes a new version)."""
     version = weight.tiles.version
@@ -119,6 +136,9 @@ class LinearFunction(torch.autograd.Function):
     @without_torch_function
     def forward(ctx, x, weight, bias, batch_tile, precision, w_in_out=False):
         wt = weight.tiles
+        if wt.dtype != "float32" and precision != "bf16":
+            raise TypeError(f"a bf16 master weight is read by bf16 matmuls only (precision 'bf16'; this one's is "
+                            f"{precision!r})")
         k_dim, n_dim = (0, 1) if w_in_out else (1, 0)
         x2 = as_matrix_tiles(x, batch_tile, wt.tile_shape[k_dim])
         m, n = x2.shape[0], wt.shape[n_dim]

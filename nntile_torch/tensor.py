@@ -80,15 +80,16 @@ class TileTensor(torch.Tensor):
     def __new__(cls, tiles, shape=None, device=None, requires_grad=False, view=None):
         """view: None (the values are the tiles' elements in order), or (strides, offset) into those elements."""
         shape = tuple(tiles.shape if shape is None else shape)
+        dtype = _DTYPES[getattr(tiles, "logical_dtype", None) or tiles.dtype]
         if view is None:
             if math.prod(shape) != math.prod(tiles.shape):
                 raise ValueError(f"shape {shape} does not hold the {math.prod(tiles.shape)} elements of tiles of "
                                  f"shape {tuple(tiles.shape)}")
-            r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=_DTYPES[tiles.dtype],
-                                                    device=_full_device(device), requires_grad=requires_grad)
+            r = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=_full_device(device),
+                                                    requires_grad=requires_grad)
         else:
             r = torch.Tensor._make_wrapper_subclass(cls, shape, strides=tuple(view[0]), storage_offset=int(view[1]),
-                                                    dtype=_DTYPES[tiles.dtype], device=_full_device(device),
+                                                    dtype=dtype, device=_full_device(device),
                                                     requires_grad=requires_grad)
         r._tiles = tiles
         r._view = None if view is None else (tuple(view[0]), int(view[1]))
@@ -147,6 +148,8 @@ class TileTensor(torch.Tensor):
                                    "itself (t.copy_(...), t[...] = ...), which writes through")
             return cache[1]
         dense = self._tiles.to_dense(self.device)
+        if dense.dtype != self.dtype:  # bf16 tiles of a float32 tensor (a bf16 master weight)
+            dense = dense.to(self.dtype)
         if self._view is None:
             dense = dense.reshape(self.shape)
         else:
@@ -215,8 +218,18 @@ def _like(src, tiles, device=None):
 
 
 def _empty_tiles_like(t):
-    """New, unwritten C++ tiles with t's shape, tiling, dtype, name and persistence."""
-    return _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, t.name, t.persistent)
+    """New, unwritten C++ tiles with t's shape, tiling, dtype, name, persistence and logical dtype."""
+    new = _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, t.name, t.persistent)
+    logical = getattr(t, "logical_dtype", None)
+    if logical is not None:
+        new.logical_dtype = logical
+    return new
+
+
+def fp32_tiles(x):
+    """Whether x's tiles hold float32 (what the tile ops on whole tensors here compute on; a float32 TileTensor over
+    bf16 tiles, a bf16 master weight, goes through dense torch code instead)."""
+    return x._tiles.dtype == "float32"
 
 
 def _copy_tiles(src):
@@ -226,7 +239,7 @@ def _copy_tiles(src):
 
 
 def _same_tiles(a, b):
-    return plain(a) and plain(b) and a.shape == b.shape and a._tiles.same_tiling(b._tiles) and a.dtype == torch.float32
+    return plain(a) and plain(b) and a.shape == b.shape and a._tiles.same_tiling(b._tiles) and fp32_tiles(a)
 
 
 def _detach(self):
@@ -241,7 +254,7 @@ def _as_tiles_of(like, other):
     if _same_tiles(like, other):
         return other
     if plain(like) and isinstance(other, torch.Tensor) and not isinstance(other, TileTensor) \
-            and other.dtype == torch.float32 and like.dtype == torch.float32 and other.device == like.device:
+            and other.dtype == torch.float32 and fp32_tiles(like) and other.device == like.device:
         try:
             if torch.broadcast_shapes(other.shape, like.shape) != like.shape:
                 return None
@@ -267,7 +280,7 @@ def _block_operand(big, small):
     """The (r, C) tiles of `small` when it broadcasts over `big`'s leading dimensions in a way add_blocks and
     sum_blocks cover (big's row tiles hold whole blocks of r rows, same column tiles); else None."""
     if not (plain(big) and plain(small)) or big.device != small.device \
-            or big.dtype != torch.float32 or small.dtype != torch.float32:
+            or not fp32_tiles(big) or not fp32_tiles(small):
         return None
     ss = tuple(small.shape)
     while len(ss) > 1 and ss[0] == 1:
@@ -315,14 +328,14 @@ def _copy_(self, src, non_blocking=False):
 
 def _to_copy(self, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False, memory_format=None):
     # A device move of a float32 TileTensor copies tiles (tasks, no wait); StarPU decides where they live.
-    if dtype not in (None, self.dtype) or layout not in (None, torch.strided) or self.dtype != torch.float32 \
+    if dtype not in (None, self.dtype) or layout not in (None, torch.strided) or not fp32_tiles(self) \
             or not plain(self):
         return NotImplemented
     return _like(self, _copy_tiles(self), torch.device(device) if device is not None else self.device)
 
 
 def _clone(self, memory_format=None):
-    if self.dtype != torch.float32 or not plain(self):
+    if not fp32_tiles(self) or not plain(self):
         return NotImplemented
     return _like(self, _copy_tiles(self))
 
@@ -428,7 +441,7 @@ def _cat(tensors, dim=0):
 
 def _sum(self, dim=None, keepdim=False, dtype=None):
     """Sums over leading dimensions (autograd's reduction for a broadcast add) as block-sum tasks."""
-    if dtype is not None or dim is None or self.dtype != torch.float32 or not plain(self):
+    if dtype is not None or dim is None or not fp32_tiles(self) or not plain(self):
         return NotImplemented
     nd = self.dim()
     dims = sorted(d % nd for d in (dim if isinstance(dim, (list, tuple)) else [dim]))

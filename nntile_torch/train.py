@@ -60,6 +60,10 @@ def parse_args(argv=None):
                          "(nt.plan, docs/memory_plan.md) picks those, activation checkpointing and the blocks kept "
                          "in host RAM from the model, the batch and the memory; it stops before step 1 when the "
                          "model fits nowhere")
+    ap.add_argument("--bf16-master", action="store_true",
+                    help="the memory plan keeps the blocks' matmul weights as bf16 master weights (master_dtype="
+                         "torch.bfloat16: stochastic rounding in AdamW, bf16 moments; with --precision bf16): what the "
+                         "plan does by itself only when fp32 master weights fit nowhere")
     ap.add_argument("--warmup", type=int, default=20, help="linear learning-rate warm-up steps")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--tile-size", type=int,
@@ -217,11 +221,17 @@ def main(argv=None):
         ncpus = nt.config.cpu_workers_beside_gpus()
     ref = build_model(args, device)
     plan = None
+    if args.bf16_master and (args.no_plan or args.step_in_backward or args.bf16_adam_state or args.offload):
+        raise SystemExit("nntile_torch.train: --bf16-master is a memory plan's choice: not with --no-plan, "
+                         "--step-in-backward, --bf16-adam-state or --offload")
     if not (args.no_plan or args.step_in_backward or args.bf16_adam_state or args.offload):
         try:
             plan = nt.plan(ref, args.batch, args.seq, args.precision,
                            gpu_memory=args.cuda_memory_limit if device == "cuda" else None,
-                           host_memory=args.host_memory_limit)
+                           host_memory=args.host_memory_limit,
+                           master_dtype=torch.bfloat16 if args.bf16_master else None)
+        except ValueError as e:
+            raise SystemExit(f"nntile_torch.train: {e}")
         except nt.InsufficientMemoryError as e:
             raise SystemExit(f"nntile_torch.train: {e}")
         ncpus = plan.init_kwargs().get("ncpus") if device == "cuda" else None

@@ -216,6 +216,100 @@ def test_bf16_state_is_adamw_rounded_stochastically(device):
         assert frac.numel() > 50000 and 0 < rounded_up.mean().item() < 1
 
 
+def bf16_master_models(device, seed=0):
+    """models()'s pair with bf16 matmuls, and the matmul weights of ours kept as bf16 master weights."""
+    from nntile_torch.functional import keep_as_bf16_master
+    torch.manual_seed(seed)
+    ours = torch.nn.Sequential(
+        nt.nn.Linear(37, 29, tile_size=16, batch_tile_size=8, device=device, precision="bf16"), torch.nn.Tanh(),
+        nt.nn.Linear(29, 13, tile_size=16, batch_tile_size=8, device=device, precision="bf16"))
+    twin = copy.deepcopy(ours)
+    for m in ours:
+        if isinstance(m, nt.nn.Linear):
+            keep_as_bf16_master(m.weight)
+    return ours, twin
+
+
+def test_bf16_master_weight_is_adamw_rounded_stochastically(device):
+    """A float32 parameter kept as bf16 tiles (a bf16 master weight, the memory plan's master_dtype): torch sees
+    float32; after the first step each weight is one of the two bf16 values around the fp32 AdamW result from the
+    same start (bf16 moments start at zero: the update is fp32 AdamW's), rounded up with the probability that makes
+    it unbiased; moments as with bf16 states. Needs bf16 states; refused by fp32 matmuls."""
+    from nntile_torch.functional import keep_as_bf16_master
+    torch.manual_seed(0)
+    start = torch.randn(300, 200, device=device).bfloat16().float()
+    p = torch.nn.Parameter(nt.TileTensor.from_dense(start.clone(), (128, 64)))
+    keep_as_bf16_master(p)
+    p_ref = torch.nn.Parameter(nt.TileTensor.from_dense(start.clone(), (128, 64)))
+    assert p.dtype == torch.float32 and p.tiles.dtype == "bfloat16" and p.tiles.name == p_ref.tiles.name
+    assert p.materialize().dtype == torch.float32 and torch.equal(p.materialize(), start)
+    g = torch.randn(300, 200, device=device) * torch.logspace(-4, 1, 200, device=device)
+    with pytest.raises(ValueError, match="state_dtype=torch.bfloat16"):
+        nt.optim.AdamW([p], lr=1e-2)
+    opt = nt.optim.AdamW([p], lr=1e-2, state_dtype=torch.bfloat16)
+    ref = nt.optim.AdamW([p_ref], lr=1e-2)
+    for param, o in ((p, opt), (p_ref, ref)):
+        param.grad = nt.TileTensor.from_dense(g.clone(), (128, 64))
+        o.step()
+    assert p.tiles.dtype == "bfloat16" and p.dtype == torch.float32
+    ours, exact = p.materialize(), p_ref.materialize()
+    down, up = bf16_neighbours(exact)
+    assert ((ours == down) | (ours == up)).all()
+    spacing = (up - down).abs()
+    moved = spacing > 0
+    rounded_up = (ours != down)[moved].float()
+    dropped = ((exact - down).abs() / spacing.clamp_min(1e-45))[moved]
+    assert moved.sum() > 50000 and abs(rounded_up.mean().item() - dropped.mean().item()) < 0.01
+    for name in ("exp_avg", "exp_avg_sq"):
+        m, m_exact = opt.state[p][name].materialize().float(), ref.state[p_ref][name].materialize()
+        lo, hi = bf16_neighbours(m_exact)
+        assert ((m == lo) | (m == hi)).all(), name
+    sd = opt.state_dict()  # and the model's view of it: float32 tensors holding bf16 values
+    assert sd["state"][0]["exp_avg"].dtype == torch.bfloat16
+    assert torch.equal(p.materialize().bfloat16().float(), p.materialize())
+
+
+def test_bf16_master_weights_track_fp32_ones_and_are_deterministic(device):
+    """200 steps with the matmul weights kept as bf16 master weights: deterministic (two runs, and updates inside
+    backward, give the same bits), within a small share of the fp32-master trajectory's travel, losses alike; a
+    state_dict round trip resumes bit for bit; fp32 matmuls refuse such a weight."""
+    data = batches(200, device)
+    runs = []
+    for bf16_master, in_bwd in ((False, False), (True, False), (True, False), (True, True)):
+        ours, twin = bf16_master_models(device)
+        model = ours if bf16_master else twin
+        start = [p.materialize().clone() for p in model.parameters()]
+        opt = nt.optim.AdamW(model.parameters(), lr=3e-3, state_dtype=torch.bfloat16, step_in_backward=in_bwd)
+        losses = train(model, opt, data)
+        runs.append((losses, [p.materialize().clone() for p in model.parameters()], start))
+        if bf16_master and in_bwd:
+            assert [p.tiles.dtype for p in model.parameters()] == ["bfloat16", "float32"] * 2
+    (l32, p32, start), (l16, p16, _), (l16b, p16b, _), (l16c, p16c, _) = runs
+    assert l16 == l16b == l16c and all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(p16, p16b, p16c))
+    travel = sum(norm_err(a, s) ** 2 for a, s in zip(p32, start)) ** 0.5
+    drift = sum(norm_err(a, b) ** 2 for a, b in zip(p16, p32)) ** 0.5
+    print("drift / travel", drift / travel)
+    assert drift < 0.1 * travel, (drift, travel)
+    assert abs(sum(l16[-20:]) - sum(l32[-20:])) < 0.02 * sum(l32[-20:]), (l16[-5:], l32[-5:])
+    # resume from a state_dict: the same steps as going on
+    ours, _ = bf16_master_models(device)
+    opt = nt.optim.AdamW(ours.parameters(), lr=3e-3, state_dtype=torch.bfloat16)
+    train(ours, opt, data[:3])
+    saved_model, saved_opt = copy.deepcopy(ours.state_dict()), copy.deepcopy(opt.state_dict())
+    assert all(v.dtype == torch.float32 for v in saved_model.values())
+    again, _ = bf16_master_models(device, seed=5)
+    again.load_state_dict(saved_model)
+    assert [p.tiles.dtype for p in again.parameters()] == ["bfloat16", "float32"] * 2
+    opt_b = nt.optim.AdamW(again.parameters(), lr=3e-3, state_dtype=torch.bfloat16)
+    opt_b.load_state_dict(saved_opt)
+    assert train(ours, opt, data[3:6]) == train(again, opt_b, data[3:6])
+    fp32 = nt.nn.Linear(37, 29, tile_size=16, batch_tile_size=8, device=device)
+    from nntile_torch.functional import keep_as_bf16_master
+    keep_as_bf16_master(fp32.weight)
+    with pytest.raises(TypeError, match="bf16 matmuls only"):
+        fp32(data[0][0])
+
+
 def test_bf16_state_tracks_fp32_state_and_is_deterministic(device):
     """200 steps: bf16 moments keep the trajectory within a small fraction of fp32-state AdamW's own travel
     (round-to-nearest would freeze exp_avg_sq); two runs, and step_in_backward, give the same bits."""

@@ -16,11 +16,12 @@ struct AdamWArgs {
     bool bf16_state;  // state tiles hold bf16 (stochastic rounding from hash(seed, element))
     uint64_t seed;
     bool copy;  // a fifth buffer takes the updated parameter in bf16
+    bool bf16_param;  // the parameter is bf16 too (bf16 master weights; bf16 states, no copy)
 };
 
 uint32_t adamw_footprint(starpu_task *task) {
     auto &a = args_of<AdamWArgs>(task);
-    return hash_ints({a.n, (int64_t)a.bf16_state, (int64_t)a.copy});
+    return hash_ints({a.n, (int64_t)a.bf16_state, (int64_t)a.copy, (int64_t)a.bf16_param});
 }
 
 void adamw_cpu_func(void *buffers[], void *cl_arg) {
@@ -34,7 +35,9 @@ void adamw_cpu_func(void *buffers[], void *cl_arg) {
     auto *g = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
     auto *p = (float *)STARPU_VECTOR_GET_PTR(buffers[1]);
     auto *c = a->copy ? (uint16_t *)STARPU_VECTOR_GET_PTR(buffers[4]) : nullptr;
-    if (a->bf16_state)
+    if (a->bf16_param)
+        kernels::adamw_bf16_cpu(a->n, a->s, a->seed, g, (uint16_t *)p, (uint16_t *)m, (uint16_t *)v);
+    else if (a->bf16_state)
         kernels::adamw_bf16state_cpu(a->n, a->s, a->seed, g, p, (uint16_t *)m, (uint16_t *)v, c);
     else
         kernels::adamw_cpu(a->n, a->s, g, p, (float *)m, (float *)v, c);
@@ -54,7 +57,9 @@ void adamw_cuda_func(void *buffers[], void *cl_arg) {
     auto *g = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]);
     auto *p = (float *)STARPU_VECTOR_GET_PTR(buffers[1]);
     auto *c = a->copy ? (uint16_t *)STARPU_VECTOR_GET_PTR(buffers[4]) : nullptr;
-    if (a->bf16_state)
+    if (a->bf16_param)
+        kernels::adamw_bf16_cuda(stream, a->n, a->s, a->seed, g, (uint16_t *)p, (uint16_t *)m, (uint16_t *)v);
+    else if (a->bf16_state)
         kernels::adamw_bf16state_cuda(stream, a->n, a->s, a->seed, g, p, (uint16_t *)m, (uint16_t *)v, c);
     else
         kernels::adamw_cuda(stream, a->n, a->s, g, p, (float *)m, (float *)v, c);
@@ -72,15 +77,15 @@ starpu_codelet *cl_adamw() {
 
 void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, bool bf16_state, uint64_t seed,
                   starpu_data_handle_t grad, starpu_data_handle_t param, starpu_data_handle_t exp_avg,
-                  starpu_data_handle_t exp_avg_sq, starpu_data_handle_t copy) {
-    auto *args = cl_args(AdamWArgs{n, s, init_state, bf16_state, seed, copy != nullptr});
+                  starpu_data_handle_t exp_avg_sq, starpu_data_handle_t copy, bool bf16_param) {
+    auto *args = cl_args(AdamWArgs{n, s, init_state, bf16_state, seed, copy != nullptr, bf16_param});
     auto state_mode = init_state ? STARPU_W : STARPU_RW;
     int rc = copy ? NNTILE_TASK_INSERT(cl_adamw(), STARPU_R, grad, STARPU_RW, param, state_mode, exp_avg, state_mode,
                                        exp_avg_sq, STARPU_W, copy, STARPU_CL_ARGS, args, sizeof(AdamWArgs),
                                        STARPU_FLOPS, (double)(14 * n), STARPU_NAME, "adamw+bf16", 0)
                   : NNTILE_TASK_INSERT(cl_adamw(), STARPU_R, grad, STARPU_RW, param, state_mode, exp_avg, state_mode,
                                        exp_avg_sq, STARPU_CL_ARGS, args, sizeof(AdamWArgs), STARPU_FLOPS,
-                                       (double)(14 * n), STARPU_NAME, "adamw", 0);
+                                       (double)(14 * n), STARPU_NAME, bf16_param ? "adamw.bf16" : "adamw", 0);
     NNTILE_STARPU_CHECK(rc, "submitting adamw n=" << n);
     count_task();
 }

@@ -75,9 +75,10 @@ void submit_cross_entropy_backward(int64_t m, int64_t vj, int64_t lo, bool mean,
                                    starpu_data_handle_t gout, starpu_data_handle_t dx);
 // One AdamW step on a parameter tile; init_state zeroes the state tiles first instead of reading them;
 // bf16_state: the state tiles are bf16, rounded stochastically with the bits of hash(seed, element); copy (or null):
-// a bf16 tile that gets the updated parameter rounded to nearest.
+// a bf16 tile that gets the updated parameter rounded to nearest; bf16_param: the parameter tile is bf16 as well
+// (bf16 master weights: bf16 states, no copy), rounded stochastically too.
 void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, bool bf16_state, uint64_t seed,
                   starpu_data_handle_t grad, starpu_data_handle_t param, starpu_data_handle_t exp_avg,
-                  starpu_data_handle_t exp_avg_sq, starpu_data_handle_t copy = nullptr);
+                  starpu_data_handle_t exp_avg_sq, starpu_data_handle_t copy = nullptr, bool bf16_param = false);
 
 }  // namespace nntile::codelets

@@ -31,11 +31,17 @@ void adamw_cpu(int64_t n, const AdamWScalars &s, const float *grad, float *param
 // value, under bf16's 0.4% spacing) are kept on average instead of being rounded away every step.
 void adamw_bf16state_cpu(int64_t n, const AdamWScalars &s, uint64_t seed, const float *grad, float *param,
                          uint16_t *exp_avg, uint16_t *exp_avg_sq, uint16_t *copy = nullptr);
+// The same with the parameter in bf16 too (bf16 master weights, no copy): it is rounded stochastically as well, from
+// 16 further bits of the element's hash.
+void adamw_bf16_cpu(int64_t n, const AdamWScalars &s, uint64_t seed, const float *grad, uint16_t *param,
+                    uint16_t *exp_avg, uint16_t *exp_avg_sq);
 #ifdef NNTILE_USE_CUDA
 void adamw_cuda(cudaStream_t stream, int64_t n, const AdamWScalars &s, const float *grad, float *param,
                 float *exp_avg, float *exp_avg_sq, uint16_t *copy = nullptr);
 void adamw_bf16state_cuda(cudaStream_t stream, int64_t n, const AdamWScalars &s, uint64_t seed, const float *grad,
                           float *param, uint16_t *exp_avg, uint16_t *exp_avg_sq, uint16_t *copy = nullptr);
+void adamw_bf16_cuda(cudaStream_t stream, int64_t n, const AdamWScalars &s, uint64_t seed, const float *grad,
+                     uint16_t *param, uint16_t *exp_avg, uint16_t *exp_avg_sq);
 #endif
 
 }  // namespace nntile::kernels

@@ -14,14 +14,29 @@
 
 namespace nntile::kernels {
 
-NNTILE_HD void adamw_element(const AdamWScalars &s, float g, float &p, float &m, float &v) {
+// SmallW: which of at::lerp's two forms the moment's lerp takes (w = 1 - beta1 < 0.5 or not), fixed for a whole
+// tile: the CPU loops are instantiated for each, since a choice inside the loop kept GCC from vectorizing it for AVX2.
+template <bool SmallW>
+NNTILE_HD void adamw_element_w(const AdamWScalars &s, float g, float &p, float &m, float &v) {
     p = p * s.decay;
     // at::lerp: self + w (end - self) for w < 0.5, else end - (end - self)(1 - w)
-    m = s.one_minus_b1 < 0.5f ? m + s.one_minus_b1 * (g - m) : g - (g - m) * (1.f - s.one_minus_b1);
+    if (SmallW)
+        m = m + s.one_minus_b1 * (g - m);
+    else
+        m = g - (g - m) * (1.f - s.one_minus_b1);
     v = v * s.beta2;
     v = v + s.one_minus_b2 * g * g;
     float denom = sqrtf(v) / s.bc2_sqrt + s.eps;
     p = p + (-s.step_size) * (m / denom);
+}
+
+NNTILE_HD bool lerp_small_weight(const AdamWScalars &s) { return s.one_minus_b1 < 0.5f; }
+
+NNTILE_HD void adamw_element(const AdamWScalars &s, float g, float &p, float &m, float &v) {
+    if (lerp_small_weight(s))
+        adamw_element_w<true>(s, g, p, m, v);
+    else
+        adamw_element_w<false>(s, g, p, m, v);
 }
 
 NNTILE_HD uint32_t float_bits(float x) {
@@ -67,13 +82,44 @@ NNTILE_HD uint64_t hash64(uint64_t seed, uint64_t i) {
     return z ^ (z >> 31);
 }
 
-NNTILE_HD void adamw_element_bf16state(const AdamWScalars &s, uint64_t seed, int64_t i, float g, float &p,
-                                       uint16_t &mb, uint16_t &vb) {
+template <bool SmallW>
+NNTILE_HD void adamw_element_bf16state_w(const AdamWScalars &s, uint64_t seed, int64_t i, float g, float &p,
+                                         uint16_t &mb, uint16_t &vb) {
     float m = bf16_to_float(mb), v = bf16_to_float(vb);
-    adamw_element(s, g, p, m, v);
+    adamw_element_w<SmallW>(s, g, p, m, v);
     uint64_t r = hash64(seed, (uint64_t)i);
     mb = float_to_bf16_stochastic(m, (uint32_t)r);
     vb = float_to_bf16_stochastic(v, (uint32_t)(r >> 16));
+}
+
+// bf16 master weights (the memory plan's master_dtype=torch.bfloat16): the parameter too is bf16, computed in fp32
+// and stored rounded stochastically with 16 more of the element's hash bits (the moments use the first 32), so an
+// update smaller than bf16's spacing moves the weight by it with the right probability instead of never.
+template <bool SmallW>
+NNTILE_HD void adamw_element_bf16_w(const AdamWScalars &s, uint64_t seed, int64_t i, float g, uint16_t &pb,
+                                    uint16_t &mb, uint16_t &vb) {
+    float p = bf16_to_float(pb), m = bf16_to_float(mb), v = bf16_to_float(vb);
+    adamw_element_w<SmallW>(s, g, p, m, v);
+    uint64_t r = hash64(seed, (uint64_t)i);
+    mb = float_to_bf16_stochastic(m, (uint32_t)r);
+    vb = float_to_bf16_stochastic(v, (uint32_t)(r >> 16));
+    pb = float_to_bf16_stochastic(p, (uint32_t)(r >> 32));
+}
+
+NNTILE_HD void adamw_element_bf16(const AdamWScalars &s, uint64_t seed, int64_t i, float g, uint16_t &pb,
+                                  uint16_t &mb, uint16_t &vb) {
+    if (lerp_small_weight(s))
+        adamw_element_bf16_w<true>(s, seed, i, g, pb, mb, vb);
+    else
+        adamw_element_bf16_w<false>(s, seed, i, g, pb, mb, vb);
+}
+
+NNTILE_HD void adamw_element_bf16state(const AdamWScalars &s, uint64_t seed, int64_t i, float g, float &p,
+                                       uint16_t &mb, uint16_t &vb) {
+    if (lerp_small_weight(s))
+        adamw_element_bf16state_w<true>(s, seed, i, g, p, mb, vb);
+    else
+        adamw_element_bf16state_w<false>(s, seed, i, g, p, mb, vb);
 }
 
 }  // namespace nntile::kernels

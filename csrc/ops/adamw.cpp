@@ -9,13 +9,17 @@ namespace nntile::ops {
 
 void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor &exp_avg_sq, double lr, double beta1,
            double beta2, double eps, double weight_decay, int64_t step, bool init_state, int64_t seed, TileTensor *copy) {
-    NNTILE_CHECK(param.dtype() == DType::f32, "AdamW updates float32 parameters (got " << dtype_name(param.dtype()) << ")");
+    NNTILE_CHECK(param.dtype() == DType::f32 || param.dtype() == DType::bf16,
+                 "AdamW updates float32 or bfloat16 parameters (got " << dtype_name(param.dtype()) << ")");
     NNTILE_CHECK(grad.dtype() == DType::f32, "AdamW takes a float32 gradient (got " << dtype_name(grad.dtype()) << ")");
     NNTILE_CHECK(exp_avg.dtype() == exp_avg_sq.dtype() &&
                      (exp_avg.dtype() == DType::f32 || exp_avg.dtype() == DType::bf16),
                  "AdamW states must be both float32 or both bfloat16 (got " << dtype_name(exp_avg.dtype()) << " and "
                                                                           << dtype_name(exp_avg_sq.dtype()) << ")");
     bool bf16_state = exp_avg.dtype() == DType::bf16;
+    bool bf16_param = param.dtype() == DType::bf16;  // bf16 master weights
+    NNTILE_CHECK(!bf16_param || (bf16_state && !copy),
+                 "AdamW on a bfloat16 parameter needs bfloat16 states and no copy (the parameter is its own bf16 copy)");
     auto tiled_like_param = [&](const TileTensor &t) {
         return t.shape() == param.shape() && t.tile_shape() == param.tile_shape();
     };
@@ -38,7 +42,7 @@ void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor 
         // Rounding bits differ per tensor (seed), step and tile, and do not depend on where the task runs.
         uint64_t tile_seed = kernels::hash64(kernels::hash64((uint64_t)seed, (uint64_t)step), (uint64_t)t);
         codelets::submit_adamw(n, s, init_state, bf16_state, tile_seed, grad.handle(t), param.handle(t),
-                               exp_avg.handle(t), exp_avg_sq.handle(t), copy ? copy->handle(t) : nullptr);
+                               exp_avg.handle(t), exp_avg_sq.handle(t), copy ? copy->handle(t) : nullptr, bf16_param);
     }
     if (copy) copy->bump_version();
     param.bump_version();
