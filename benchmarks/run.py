@@ -11,7 +11,8 @@ Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:
   nntile     nntile_torch.convert + nntile_torch.optim.AdamW; plain: the memory plan (nt.plan) picks every setting;
              by hand instead: ckpt, stepbwd (AdamW in backward), bf16state (bf16 moments), offload
              (--offload-fraction of the weights updated on CPU workers), noplan (nntile's defaults, no plan);
-             cpuupdate, gpuupdate: the plan with its host blocks updated on CPU workers / on the GPU
+             cpuupdate, gpuupdate: the plan with its host blocks updated on CPU workers / on the GPU;
+             bf16master: the plan with bf16 master weights; nostatefetch: the plan without the early state fetch
   fsdp       FSDP1 FULL_SHARD per GPT2Block; variants plain, offload (CPUOffload(offload_params=True)), ckpt
   fsdp2      fully_shard per GPT2Block + root; variants plain, offload (CPUOffloadPolicy), ckpt
   deepspeed  ZeRO-3; variants offload (params + optimizer to CPU, the default), nvme (to --nvme-path),
@@ -57,8 +58,10 @@ VARIANTS = {
     # stepbwd: AdamW(step_in_backward=True), gradients never all held; bf16state: AdamW(state_dtype=bfloat16)
     # offload: AdamW(offload=--offload-fraction), those updates on CPU workers with their state in host RAM
     # no flag: the memory plan (nt.plan) chooses; noplan: nntile's defaults without a plan; cpuupdate / gpuupdate:
-    # the plan, with its host blocks' updates pinned to CPU workers / the GPU
-    "nntile": ({"ckpt", "stepbwd", "bf16state", "offload", "noplan", "cpuupdate", "gpuupdate"}, ""),
+    # the plan, with its host blocks' updates pinned to CPU workers / the GPU; bf16master: the plan with the blocks'
+    # matmul weights kept in bf16 alone; nostatefetch: the plan without the early fetch of the GPU updates' state
+    "nntile": ({"ckpt", "stepbwd", "bf16state", "offload", "noplan", "cpuupdate", "gpuupdate", "bf16master",
+                "nostatefetch"}, ""),
     "fsdp": ({"offload", "ckpt"}, ""),
     "fsdp2": ({"offload", "ckpt"}, ""),
     "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),
@@ -82,9 +85,12 @@ def canonical_variant(backend, text):
     if bad:
         raise ValueError(f"{backend} has no variant flag {sorted(bad)} (flags: {sorted(allowed)}, or plain)")
     pins = flags & {"cpuupdate", "gpuupdate"} if backend == "nntile" else set()
-    if pins and (len(pins) > 1 or flags & MANUAL_NNTILE_FLAGS):
-        raise ValueError("nntile variants cpuupdate and gpuupdate pin the plan's host updates: one of them, without "
-                         f"the flags that turn the plan off ({sorted(MANUAL_NNTILE_FLAGS)})")
+    if pins and len(pins) > 1:
+        raise ValueError("nntile variants cpuupdate and gpuupdate pin the plan's host updates: one of them")
+    planned = flags & {"cpuupdate", "gpuupdate", "bf16master", "nostatefetch"} if backend == "nntile" else set()
+    if planned and flags & MANUAL_NNTILE_FLAGS:
+        raise ValueError(f"nntile variants {sorted(planned)} change the memory plan: not with the flags that turn the "
+                         f"plan off ({sorted(MANUAL_NNTILE_FLAGS)})")
     if backend == "deepspeed":  # offloads to CPU unless told gpu (no offload) or nvme
         if "gpu" in flags and flags & {"offload", "nvme"}:
             raise ValueError("deepspeed variant 'gpu' (no offload) excludes offload and nvme")

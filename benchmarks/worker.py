@@ -198,7 +198,7 @@ def setup_nntile(spec, cuda, rank, world):
                        gpu_memory=o["cuda_memory_limit"] if cuda else None, host_memory=o["host_memory_limit"],
                        disk_limit=o["disk_limit"] if o["disk_path"] else None,
                        host_update="cpu" if "cpuupdate" in spec["flags"] else "gpu" if "gpuupdate" in spec["flags"]
-                       else None)
+                       else None, master_dtype=torch.bfloat16 if "bf16master" in spec["flags"] else None)
         print(plan, flush=True)
         del shape_only
         if ncpus is None and cuda:
@@ -225,6 +225,8 @@ def setup_nntile(spec, cuda, rank, world):
     if dev0 == "meta":
         kw.update(init=hf_init(dense), init_device=device)
     model = nt.convert(dense, **kw)
+    if "nostatefetch" in spec["flags"]:  # the A/B of the streaming's early fetch of the GPU updates' state
+        model._nntile_streamer.state_ahead = None
     if cuda:
         torch.cuda.empty_cache()  # the dense weights are gone; give their memory back to the device
     counted = sum(p.numel() for p in model.parameters())

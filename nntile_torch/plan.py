@@ -60,6 +60,23 @@ class ModelFacts:
     def block_params(self, b):
         return [p for p in self.params if p.block == b]
 
+    def sums(self):
+        """(elements, matmul elements) per block, and of the parameters outside blocks: what every placement's
+        arithmetic adds up (computed once: the plan weighs thousands of placements)."""
+        cached = getattr(self, "_sums", None)
+        if cached is None:
+            blocks = [[0, 0] for _ in range(self.n_layer)]
+            rest = [0, 0]
+            for p in self.params:
+                acc = blocks[p.block] if 0 <= p.block < self.n_layer else rest
+                acc[0] += p.numel
+                acc[1] += p.numel if p.matmul else 0
+            tails = [(0, 0)]  # tails[k]: the sums over the last k blocks
+            for b in reversed(blocks):
+                tails.append((tails[-1][0] + b[0], tails[-1][1] + b[1]))
+            cached = self._sums = ([tuple(b) for b in blocks], tuple(rest), tails)
+        return cached
+
 
 def _is_matmul_module(m):
     return isinstance(m, nn.Linear) or type(m).__name__ in ("Conv1D", "Linear")
@@ -188,7 +205,16 @@ class Option:
     step_in_backward: bool
     checkpointing: bool
     host_blocks: int  # the last host_blocks blocks keep their state in host RAM
-    host_update: str = "cpu"  # where those blocks are updated: "cpu" (CPU workers), "gpu" (state fetched, written back)
+    cpu_blocks: int = 0  # of those, the last cpu_blocks are updated by CPU workers, the others on the GPU
+    master_dtype: torch.dtype = torch.float32  # the blocks' matmul weights (bf16: no separate bf16 copy)
+
+    @property
+    def host_update(self):
+        """Where the host blocks are updated: "cpu" (CPU workers), "gpu" (state fetched and written back), "mixed"
+        (the last cpu_blocks by CPU workers, the others on the GPU), None without host blocks."""
+        if not self.host_blocks:
+            return None
+        return "cpu" if self.cpu_blocks == self.host_blocks else "gpu" if self.cpu_blocks == 0 else "mixed"
 
 
 class MemoryPlan:
@@ -202,7 +228,11 @@ class MemoryPlan:
         self.step_in_backward = option.step_in_backward
         self.checkpointing = option.checkpointing
         self.host_blocks = option.host_blocks
-        self.host_update = option.host_update if option.host_blocks else None
+        self.cpu_update_blocks = option.cpu_blocks if option.host_blocks else 0
+        self.host_update = option.host_update
+        self.master_dtype = option.master_dtype
+        self.option = option
+        self.option_pinned_master = False  # master_dtype given to nt.plan (not chosen because fp32 fit nowhere)
         self.capacity, self.rates = capacity, rates
         self.tiers = tiers  # {"gpu": {category: bytes}, "host": {...}, "disk": {...}}
         self.traffic = traffic  # {"pcie_to_gpu": bytes, "pcie_to_host": bytes, "disk": bytes} per step
@@ -215,9 +245,29 @@ class MemoryPlan:
     def host_block_indices(self):
         return list(range(self.facts.n_layer - self.host_blocks, self.facts.n_layer))
 
+    @property
+    def cpu_update_block_indices(self):
+        """The host blocks CPU workers update (the last ones: their gradients come first in the backward)."""
+        return list(range(self.facts.n_layer - self.cpu_update_blocks, self.facts.n_layer))
+
+    @property
+    def gpu_update_block_indices(self):
+        """The host blocks updated on the GPU, their master weights and moments fetched and written back."""
+        return list(range(self.facts.n_layer - self.host_blocks, self.facts.n_layer - self.cpu_update_blocks))
+
     def host_parameter_names(self):
         first = self.facts.n_layer - self.host_blocks
         return [p.name for p in self.facts.params if p.block >= first and self.host_blocks]
+
+    def cpu_update_parameter_names(self):
+        first = self.facts.n_layer - self.cpu_update_blocks
+        return [p.name for p in self.facts.params if p.block >= first and self.cpu_update_blocks]
+
+    def bf16_master_parameter_names(self):
+        """The parameters whose only copy is bf16 (master_dtype=torch.bfloat16): the blocks' matmul weights."""
+        if self.master_dtype != torch.bfloat16:
+            return []
+        return [p.name for p in self.facts.params if p.block >= 0 and p.matmul]
 
     def in_host_ram(self, module_name):
         """Whether the module of that name (as model.named_modules() gives it) belongs to a host block."""
@@ -237,12 +287,16 @@ class MemoryPlan:
         return self.host_blocks > 0
 
     def persistent_bytes(self):
-        """One copy of every persistent tile by kind, wherever it lives: fp32 master weights (parameters), AdamW
-        moments, bf16 copies (what nt.memory_summary() lists as weight/bias, exp_avg/exp_avg_sq, *.bf16)."""
+        """One copy of every persistent tile by kind, wherever it lives: master weights (parameters: fp32, or bf16
+        for the blocks' matmul weights with master_dtype=torch.bfloat16), AdamW moments, bf16 copies (what
+        nt.memory_summary() lists as weight/bias, exp_avg/exp_avg_sq, *.bf16)."""
         numel = sum(p.numel for p in self.facts.params)
         moment = 8 if self.state_dtype == torch.float32 else 4
-        copies = sum(p.numel for p in self.facts.params if p.matmul) if self.precision == "bf16" else 0
-        return {"parameters": 4 * numel, "moments": moment * numel, "bf16 copies": 2 * copies}
+        bf16_masters = set(self.bf16_master_parameter_names())
+        in_bf16 = sum(p.numel for p in self.facts.params if p.name in bf16_masters)
+        copies = sum(p.numel for p in self.facts.params if p.matmul and p.name not in bf16_masters) \
+            if self.precision == "bf16" else 0
+        return {"parameters": 4 * numel - 2 * in_bf16, "moments": moment * numel, "bf16 copies": 2 * copies}
 
     def bytes(self, tier):
         return sum(self.tiers.get(tier, {}).values())
@@ -257,7 +311,7 @@ class MemoryPlan:
     def init_kwargs(self):
         """nt.init's arguments for this plan (CPU workers for the host blocks' updates)."""
         kw = {}
-        if self.beyond_gpu and self.capacity.gpus and self.host_update == "cpu":
+        if self.beyond_gpu and self.capacity.gpus and self.cpu_update_blocks:
             kw["ncpus"] = self.capacity.cpu_workers
         if self.submission_window:
             kw["max_submitted_tasks"] = self.submission_window
@@ -270,13 +324,17 @@ class MemoryPlan:
             runtime.init(**{**self.init_kwargs(), **overrides})
 
     def adamw_kwargs(self, params):
-        """AdamW's state dtype, in-backward updates and the parameters updated in host RAM."""
+        """AdamW's state dtype, in-backward updates, the parameters kept in host RAM and where they are updated
+        ("cpu", "gpu", or for a mixed plan the parameters CPU workers update)."""
         params = list(params)
         kw = {"state_dtype": self.state_dtype, "step_in_backward": self.step_in_backward}
         if self.beyond_gpu:
             names = set(self.host_parameter_names())
             kw["offload"] = [p for p in params if getattr(p, "_nntile_plan_name", None) in names]
             kw["offload_update"] = self.host_update
+            if self.host_update == "mixed":
+                on_cpu = set(self.cpu_update_parameter_names())
+                kw["offload_update"] = [p for p in params if getattr(p, "_nntile_plan_name", None) in on_cpu]
         return kw
 
     def apply(self, model):
@@ -301,7 +359,9 @@ class MemoryPlan:
         return {"batch": self.batch, "seq": self.seq, "precision": self.precision,
                 "state_dtype": str(self.state_dtype).replace("torch.", ""),
                 "step_in_backward": self.step_in_backward, "checkpointing": self.checkpointing,
-                "host_blocks": self.host_blocks, "host_update": self.host_update, "blocks": self.facts.n_layer,
+                "host_blocks": self.host_blocks, "host_update": self.host_update,
+                "cpu_update_blocks": self.cpu_update_blocks,
+                "master_dtype": str(self.master_dtype).replace("torch.", ""), "blocks": self.facts.n_layer,
                 "lookahead_blocks": self.lookahead,
                 "tiers_bytes": {t: dict(c) for t, c in self.tiers.items()},
                 "capacity_bytes": {"gpu": self.capacity.gpu_bytes, "host": self.capacity.host_bytes,
@@ -313,6 +373,17 @@ class MemoryPlan:
         return f"<MemoryPlan {_count(self.facts.n_params)} parameters, batch {self.batch} x {self.seq}: " \
                f"{self.host_blocks}/{self.facts.n_layer} blocks in host RAM, step {self.times['step_s']:.2f} s>"
 
+    def _where_updated(self):
+        f, cap = self.facts, self.capacity
+        on_gpu = "on the GPU (state fetched and written back)"
+        if self.host_update == "cpu":
+            return f"by {cap.cpu_workers} CPU workers"
+        if self.host_update == "gpu":
+            return on_gpu
+        first_cpu = f.n_layer - self.cpu_update_blocks
+        return (f"{on_gpu} but the last {self.cpu_update_blocks} (blocks {first_cpu}-{f.n_layer - 1}), updated by "
+                f"{cap.cpu_workers} CPU workers")
+
     def __str__(self):
         f, cap = self.facts, self.capacity
         lines = [f"memory plan: {_count(f.n_params)} parameters ({f.n_layer} blocks, width {f.width}), "
@@ -321,11 +392,12 @@ class MemoryPlan:
                  f"{'updates inside backward' if self.step_in_backward else 'updates in step()'}, "
                  f"activation checkpointing {'on' if self.checkpointing else 'off'}, "
                  + (f"blocks {f.n_layer - self.host_blocks}-{f.n_layer - 1} ({self.host_blocks}) keep their state "
-                    f"in host RAM and are updated "
-                    + (f"by {cap.cpu_workers} CPU workers" if self.host_update == "cpu" else
-                       "on the GPU (state fetched and written back)")
+                    f"in host RAM and are updated {self._where_updated()}"
                     + f", GPU prefetches {self.lookahead} blocks ahead" if self.host_blocks else
                     "every tile on the GPU" if cap.gpu_bytes else "every tile in host RAM")]
+        if self.master_dtype == torch.bfloat16:
+            lines.append("  master weights: bf16 for the blocks' matmul weights (stochastic rounding, no separate bf16 "
+                         "copy)" + ("" if self.option_pinned_master else ": fp32 master weights fit in no placement"))
         caps = {"gpu": cap.gpu_bytes, "host": cap.host_bytes, "disk": cap.disk_bytes}
         lines.append(f"  {'tier':<5} {'what':<34} {'GiB':>8}")
         for tier in ("gpu", "host", "disk"):
@@ -353,52 +425,62 @@ def _count(n):
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
 
 
-def _persistent_bytes(p, precision, moment_bytes):
-    """fp32 master weight, AdamW moments, and the bf16 copy a matmul reads in bf16 mode."""
-    return p.numel * (4 + moment_bytes + (2 if precision == "bf16" and p.matmul else 0))
+def _bytes_of(numel, mm, precision, moment, bf16_master):
+    """Persistent bytes of `numel` parameter elements of which `mm` are matmul weights: master weight (fp32, or bf16
+    for block matmul weights with bf16 masters), AdamW moments, and the bf16 copy a matmul reads in bf16 mode."""
+    if bf16_master:
+        return numel * (4 + moment) - 2 * mm  # the matmul weights: 2 + moment, no copy
+    return numel * (4 + moment) + (2 * mm if precision == "bf16" else 0)
 
 
 def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
     """Bytes per tier, traffic and predicted time of one option; None for the tiers when it does not fit, with the
-    bytes missing per tier."""
+    bytes missing per tier. Arithmetic on per-block sums (ModelFacts.sums): constant time per option."""
     moment = 8 if opt.state_dtype == torch.float32 else 4
-    first_host = facts.n_layer - opt.host_blocks
-    on_host = [p for p in facts.params if opt.host_blocks and p.block >= first_host]
-    host_names = {p.name for p in on_host}
-    on_gpu = [p for p in facts.params if p.name not in host_names] if cap.gpu_bytes else []
-    if not cap.gpu_bytes:
-        on_host = list(facts.params)
+    bf16_master = opt.master_dtype == torch.bfloat16
+    blocks, (rest_numel, rest_mm), tails = facts.sums()
+    L = facts.n_layer
+    k, c = (opt.host_blocks, opt.cpu_blocks) if cap.gpu_bytes else (0, 0)
+    host_numel, host_mm = tails[k]
+    cpu_numel, cpu_mm = tails[c]
+    gup_numel, gup_mm = host_numel - cpu_numel, host_mm - cpu_mm  # host blocks updated on the GPU
+    gpu_numel, gpu_mm = tails[L][0] - host_numel, tails[L][1] - host_mm
+    all_numel = gpu_numel + host_numel + rest_numel
     gpus = max(1, cap.gpus)
     act = activation_bytes(facts, -(-batch // gpus), seq, precision, opt.checkpointing)
-    block_numel = max([sum(p.numel for p in facts.block_params(b)) for b in range(facts.n_layer)] or [0])
+    block_numel = max([b[0] for b in blocks] or [0])
+    block_mm = max([b[1] for b in blocks] or [0])
+    block_bytes = _bytes_of(block_numel, block_mm, precision, moment, bf16_master)
     # gradients alive at the peak: all of them with step(); with updates inside backward, the block in flight and
     # the tied embedding's (its LM-head gradient waits for the embedding's, at the end of the backward)
-    grads = 4 * sum(p.numel for p in facts.params) if not opt.step_in_backward else \
-        4 * (2 * block_numel + sum(p.numel for p in facts.params if p.block < 0 and p.matmul))
+    grads = 4 * all_numel if not opt.step_in_backward else 4 * (2 * block_numel + rest_mm)
     weight_bytes = 2 if precision == "bf16" else 4  # what a matmul reads of a weight
     tiers = {"gpu": {}, "host": {}, "disk": {}}
     if cap.gpu_bytes:
         g = tiers["gpu"]
-        g["weights + moments (+ bf16 copies)"] = sum(_persistent_bytes(p, precision, moment) for p in on_gpu) // gpus
+        g["weights + moments (+ bf16 copies)"] = (_bytes_of(gpu_numel, gpu_mm, precision, moment, bf16_master)
+                                                  + _bytes_of(rest_numel, rest_mm, precision, moment, False)) // gpus
         g["activations"] = act
         g["gradients in flight"] = grads
-        if opt.host_blocks:  # the host blocks' weights being used, plus those prefetched (their gradients are
-            # among the two blocks' in flight; once copied to host RAM a GPU copy is clean and evicted as needed)
+        if k:  # the host blocks' weights being used, plus those prefetched (their gradients are among the two
+            # blocks' in flight; once copied to host RAM a GPU copy is clean and evicted as needed)
             g["streamed weights (host blocks)"] = (lookahead + 2) * block_numel * weight_bytes
-            if opt.host_update == "gpu":  # one block's master weights, moments and new bf16 copies: fetched for
-                # its update while the block before it computes, written back at once (clean copies after that, the
-                # first to be evicted: the reserve covers the overlap of one block's write-back and the next fetch)
-                g["streamed state (GPU updates)"] = block_numel * (4 + moment + (2 if precision == "bf16" else 0))
+            if k > c:  # one block's master weights, moments and new bf16 copies: fetched as its backward starts,
+                # while the block before it is written back (clean copies after that, the first to be evicted: the
+                # reserve covers the overlap of one block's write-back and the next fetch)
+                g["streamed state (GPU updates)"] = block_bytes
         g["reserve (allocator, cache)"] = max(cap.gpu_bytes // 25, min(2 * GiB, cap.gpu_bytes // 10))
     h = tiers["host"]
-    if on_host:
-        h["weights + moments (+ bf16 copies)"] = sum(_persistent_bytes(p, precision, moment) for p in on_host)
     if not cap.gpu_bytes:
+        h["weights + moments (+ bf16 copies)"] = (_bytes_of(gpu_numel, gpu_mm, precision, moment, bf16_master)
+                                                  + _bytes_of(rest_numel, rest_mm, precision, moment, False))
         h["activations"] = act
         h["gradients in flight"] = grads
-    elif opt.host_blocks and opt.host_update == "cpu":
-        h["gradients arriving"] = 3 * 4 * block_numel
-    if on_host:
+    elif k:
+        h["weights + moments (+ bf16 copies)"] = _bytes_of(host_numel, host_mm, precision, moment, bf16_master)
+        if c:
+            h["gradients arriving"] = 3 * 4 * block_numel
+    if h:
         h["reserve (allocator)"] = max(GiB // 4, cap.host_bytes // 50)
     missing = {}
     gpu_need, host_need = sum(tiers["gpu"].values()), sum(h.values())
@@ -412,34 +494,32 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
             missing["host"] = spill - cap.disk_bytes
     # traffic and time per step
     tokens = batch * seq
-    matmul_params = sum(p.numel for p in facts.params if p.matmul)
+    matmul_params = tails[L][1] + rest_mm
     flops = (6 + (2 if opt.checkpointing else 0)) * matmul_params * tokens \
         + 12 * facts.n_layer * facts.width * seq * tokens * (4 / 3 if opt.checkpointing else 1)
     gpu_s = flops / rates.gemm(precision) / gpus \
         + rates.per_layer_token_width_s * facts.n_layer * tokens * facts.width * (4 / 3 if opt.checkpointing else 1) / gpus
-    host_numel = sum(p.numel for p in on_host) if cap.gpu_bytes else 0
-    update_bytes = 4 + 8 + 2 * moment + (6 if precision == "bf16" else 0)  # g; p r/w; m, v r/w; bf16 copy
+    copy = 2 if precision == "bf16" and not bf16_master else 0  # the new bf16 copy an update writes
+
+    def update_bytes(numel, mm):  # memory an AdamW update touches: gradient; master, moments and copy read/written
+        if bf16_master:
+            return numel * (4 + 8 + 2 * moment + copy) - mm * 4
+        return numel * (4 + 8 + 2 * moment + (6 if precision == "bf16" else 0))
     to_gpu = 2 * weight_bytes * host_numel  # forward and backward
-    if opt.host_update == "gpu":
-        copy = 2 if precision == "bf16" else 0
-        to_gpu += (4 + moment) * host_numel  # master weight and moments to the update
-        to_host = (4 + moment + copy) * host_numel  # and back, with the new bf16 copy
-        gpu_s += host_numel * update_bytes / rates.hbm_bytes_s
-        host_update_s = 0.0
-    else:
-        to_host = 4 * host_numel  # fp32 gradients
-        host_update_s = host_numel * update_bytes / rates.host_update_bytes_s
+    # GPU updates: master weight and moments to the update (a bf16 master is there already for the backward)...
+    to_gpu += (4 + moment) * gup_numel - (4 * gup_mm if bf16_master else 0)
+    to_host = _bytes_of(gup_numel, gup_mm, precision, moment, bf16_master)  # ... and back, with the new bf16 copy
+    to_host += 4 * cpu_numel  # CPU updates: fp32 gradients
+    gpu_s += update_bytes(gup_numel, gup_mm) / rates.hbm_bytes_s
+    host_update_s = update_bytes(cpu_numel, cpu_mm) / rates.host_update_bytes_s
     pcie_s = max(to_gpu, to_host) / rates.pcie_bytes_s
-    if not cap.gpu_bytes:
-        host_update_s = 0.0  # part of the compute
     disk_bytes = 2 * spill if spill and not missing.get("host") else 0
     disk_s = disk_bytes / rates.disk_bytes_s
-    # The GPU, PCIe and the CPU updates overlap; the first host block's weights and the last update do not (on the
-    # GPU: the fetch of the last updated block's master weight and moments).
-    exposed = (block_numel * weight_bytes / rates.pcie_bytes_s if opt.host_blocks else 0.0) \
-        + (host_update_s / max(1, opt.host_blocks) if opt.host_blocks else 0.0) \
-        + (block_numel * (4 + moment) / rates.pcie_bytes_s + host_numel * rates.gpu_update_exposed_s
-           if opt.host_blocks and opt.host_update == "gpu" else 0.0)
+    # The GPU, PCIe and the CPU updates overlap; the first host block's weights and the last CPU update do not, nor
+    # the GPU updates' state fetch of one block and what the overlap does not hide of the rest (fitted).
+    exposed = (block_numel * weight_bytes / rates.pcie_bytes_s if k else 0.0) \
+        + (host_update_s / c if c else 0.0) \
+        + (block_numel * (4 + moment) / rates.pcie_bytes_s + gup_numel * rates.gpu_update_exposed_s if k > c else 0.0)
     step_s = max(gpu_s, pcie_s, host_update_s) + exposed + disk_s
     times = {"gpu_s": gpu_s, "pcie_s": pcie_s, "host_update_s": host_update_s, "disk_s": disk_s, "step_s": step_s}
     traffic = {"pcie_to_gpu": to_gpu, "pcie_to_host": to_host, "disk": disk_bytes}
@@ -447,27 +527,40 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
 
 
 def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backward=None, checkpointing=None,
-         host_blocks=None, host_update=None, gpu_memory=None, host_memory=None, disk_limit=None, lookahead=2,
-         rates=None):
+         host_blocks=None, host_update=None, cpu_update_blocks=None, master_dtype=None, gpu_memory=None,
+         host_memory=None, disk_limit=None, lookahead=2, rates=None):
     """The memory plan for training `model` (a torch.nn.Module as built, on any device including meta, converted
     or not) on batches of `batch` sequences of `seq` tokens with nntile_torch.optim.AdamW.
 
     Capacities default to the running runtime's limits (nt.info()), or to the ones nt.init() would set on this
     machine; gpu_memory / host_memory / disk_limit (bytes or "100GiB") override them. state_dtype,
-    step_in_backward, checkpointing, host_blocks and host_update ("cpu" or "gpu") pin a choice; left as None the
-    plan picks, among the placements that fit, the one with the shortest predicted step, the more exact one on a
-    tie (fp32 moments, updates in step(), no checkpointing). Raises InsufficientMemoryError, within milliseconds and before anything is
-    allocated, when none fits, saying how many bytes are missing where and what would make it fit."""
+    step_in_backward, checkpointing, host_blocks, host_update ("cpu", "gpu" or "mixed"), cpu_update_blocks (how many
+    of the host blocks, the last ones, CPU workers update; the others are updated on the GPU) and master_dtype pin a
+    choice; left as None the plan picks, among the placements that fit, the one with the shortest predicted step,
+    the more exact one on a tie (fp32 moments, updates in step(), no checkpointing). Master weights stay fp32 unless
+    no placement with them fits: then the blocks' matmul weights are kept in bf16 alone (stochastic rounding in the
+    update, 4 bytes per parameter less), and print(plan) says so; master_dtype=torch.float32 refuses that.
+    Raises InsufficientMemoryError, within milliseconds and before anything is allocated, when none fits, saying how
+    many bytes are missing where and what would make it fit."""
     from .config import check_precision
     from .runtime import parse_bytes
     check_precision(precision)
     for name, v in (("batch", batch), ("seq", seq), ("lookahead", lookahead)):
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "lookahead" else 1):
             raise ValueError(f"{name} must be a positive int (got {v!r})")
-    if host_update not in (None, "cpu", "gpu"):
-        raise ValueError(f"host_update must be 'cpu', 'gpu' or None (got {host_update!r})")
+    if host_update not in (None, "cpu", "gpu", "mixed"):
+        raise ValueError(f"host_update must be 'cpu', 'gpu', 'mixed' or None (got {host_update!r})")
     if state_dtype not in (None, torch.float32, torch.bfloat16):
         raise ValueError(f"state_dtype must be torch.float32, torch.bfloat16 or None (got {state_dtype!r})")
+    if master_dtype not in (None, torch.float32, torch.bfloat16):
+        raise ValueError(f"master_dtype must be torch.float32, torch.bfloat16 or None (got {master_dtype!r})")
+    if master_dtype == torch.bfloat16 and precision != "bf16":
+        raise ValueError(f"master_dtype=torch.bfloat16 needs precision='bf16' (got {precision!r})")
+    if master_dtype == torch.bfloat16 and state_dtype == torch.float32:
+        raise ValueError("master_dtype=torch.bfloat16 keeps the moments in bf16 too (state_dtype=torch.float32 given)")
+    if cpu_update_blocks is not None and (isinstance(cpu_update_blocks, bool) or not isinstance(cpu_update_blocks, int)
+                                          or cpu_update_blocks < 0):
+        raise ValueError(f"cpu_update_blocks must be an int >= 0 (got {cpu_update_blocks!r})")
     facts = model_facts(model)
     cap = _machine_capacity(parse_bytes(disk_limit, "disk_limit"))
     if gpu_memory is not None:
@@ -483,28 +576,57 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
         raise ValueError(f"host_blocks must be in [0, {facts.n_layer}] (got {host_blocks!r})")
     if host_blocks and not cap.gpu_bytes:
         raise ValueError("host_blocks needs a GPU tier (this plan has none: everything is in host RAM already)")
+    if cpu_update_blocks and host_blocks is not None and cpu_update_blocks > host_blocks:
+        raise ValueError(f"cpu_update_blocks={cpu_update_blocks} exceeds host_blocks={host_blocks}")
+    if host_update == "gpu" and cpu_update_blocks:
+        raise ValueError(f"host_update='gpu' updates no host block by CPU workers (cpu_update_blocks={cpu_update_blocks})")
+    if host_update == "cpu" and cpu_update_blocks is not None and host_blocks is not None \
+            and cpu_update_blocks != host_blocks:
+        raise ValueError(f"host_update='cpu' updates all {host_blocks} host blocks by CPU workers "
+                         f"(cpu_update_blocks={cpu_update_blocks})")
 
     def choices(pinned, values):
         return [pinned] if pinned is not None else values
 
-    considered, feasible = [], []
-    for ckpt in choices(checkpointing, [False, True]):
-        for sd in choices(state_dtype, [torch.float32, torch.bfloat16]):
-            for sib in choices(step_in_backward, [False, True]):
-                counts = [host_blocks] if host_blocks is not None else \
-                    (range(facts.n_layer + 1) if cap.gpu_bytes and facts.n_layer else [0])
-                for k in counts:
-                    if k and not sib:
-                        continue  # host blocks' gradients go straight to their update
-                    for where in (choices(host_update, ["cpu", "gpu"]) if k else ["cpu"]):
-                        opt = Option(sd, sib, ckpt, k, where)
-                        tiers, traffic, times, missing = _evaluate(facts, batch, seq, precision, opt, cap, rates,
-                                                                   lookahead)
-                        considered.append((opt, tiers, missing))
-                        if not missing:
-                            feasible.append((opt, tiers, traffic, times))
+    def cpu_counts(k):
+        """How many of k host blocks CPU workers may update under the pins."""
+        if not k:
+            return [0]
+        counts = {"cpu": [k], "gpu": [0], "mixed": range(1, k)}.get(host_update, range(k + 1))
+        return [c for c in counts if cpu_update_blocks is None or c == cpu_update_blocks]
+
+    def search(masters):
+        considered, feasible = [], []
+        for master in masters:
+            for ckpt in choices(checkpointing, [False, True]):
+                for sd in choices(state_dtype, [torch.float32, torch.bfloat16]):
+                    if master == torch.bfloat16 and sd != torch.bfloat16:
+                        continue
+                    for sib in choices(step_in_backward, [False, True]):
+                        counts = [host_blocks] if host_blocks is not None else \
+                            (range(facts.n_layer + 1) if cap.gpu_bytes and facts.n_layer else [0])
+                        for k in counts:
+                            if k and not sib:
+                                continue  # host blocks' gradients go straight to their update
+                            for c in cpu_counts(k):
+                                opt = Option(sd, sib, ckpt, k, c, master)
+                                tiers, traffic, times, missing = _evaluate(facts, batch, seq, precision, opt, cap,
+                                                                           rates, lookahead)
+                                considered.append((opt, tiers, missing))
+                                if not missing:
+                                    feasible.append((opt, tiers, traffic, times))
+        return considered, feasible
+
+    bf16_possible = precision == "bf16" and state_dtype != torch.float32 and facts.n_layer
+    considered, feasible = search(choices(master_dtype, [torch.float32]))
+    if not feasible and master_dtype is None and bf16_possible:  # fp32 master weights fit nowhere: bf16 ones
+        more, feasible = search([torch.bfloat16])
+        considered += more
+    if not considered:
+        raise ValueError("no placement has the pinned choices (host_blocks, host_update, cpu_update_blocks): "
+                         f"{host_blocks}, {host_update}, {cpu_update_blocks}")
     if not feasible:
-        raise InsufficientMemoryError(*_explain(facts, batch, seq, considered, cap))
+        raise InsufficientMemoryError(*_explain(facts, batch, seq, considered, cap, bf16_possible and master_dtype is None))
 
     def slack(tiers):
         """The smaller free share of the GPU and host tiers: room for what the arithmetic does not see."""
@@ -524,11 +646,13 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     feasible.sort(key=key)
     best = feasible[0]
     alternatives = [(o, t["step_s"]) for o, _, _, t in feasible[1:6]]  # the next ones in that order
-    return MemoryPlan(facts, batch, seq, precision, best[0], cap, rates, best[1], best[2], best[3], lookahead,
-                      alternatives)
+    result = MemoryPlan(facts, batch, seq, precision, best[0], cap, rates, best[1], best[2], best[3], lookahead,
+                        alternatives)
+    result.option_pinned_master = master_dtype is not None
+    return result
 
 
-def _explain(facts, batch, seq, considered, cap):
+def _explain(facts, batch, seq, considered, cap, tried_bf16_masters=False):
     """The message and missing bytes of the option closest to fitting."""
     def shortfall(entry):
         return sum(entry[2].values())
@@ -541,6 +665,8 @@ def _explain(facts, batch, seq, considered, cap):
         fixes.append(f"a smaller batch (activations: {tiers['gpu' if cap.gpu_bytes else 'host'].get('activations', 0) / GiB:.1f} GiB at {batch})")
     if opt.state_dtype == torch.float32:
         fixes.append("state_dtype=torch.bfloat16 (4 bytes per parameter less)")
+    if opt.master_dtype == torch.float32 and not tried_bf16_masters:
+        fixes.append("master_dtype=torch.bfloat16 (precision 'bf16': 4 bytes per matmul weight less)")
     if not opt.checkpointing:
         fixes.append("activation checkpointing")
     if "host" in missing:
@@ -548,7 +674,8 @@ def _explain(facts, batch, seq, considered, cap):
                      f"{(missing['host'] + cap.disk_bytes) / GiB:.0f} GiB, or a larger host_memory_limit")
     msg = (f"{_count(facts.n_params)} parameters at batch {batch} x {seq} fit in no placement over GPU "
            f"{cap.gpu_bytes / GiB:.1f} GiB, host {cap.host_bytes / GiB:.1f} GiB, disk {cap.disk_bytes / GiB:.1f} GiB. "
-           f"Closest (moments {str(opt.state_dtype).replace('torch.', '')}, checkpointing "
+           f"Closest (moments {str(opt.state_dtype).replace('torch.', '')}, master weights "
+           f"{str(opt.master_dtype).replace('torch.', '')}, checkpointing "
            f"{'on' if opt.checkpointing else 'off'}, {opt.host_blocks} of {facts.n_layer} blocks in host RAM): "
            + "; ".join(parts) + ". What would make it fit: " + ", or ".join(fixes or ["more memory"]) + ".")
     return msg, missing

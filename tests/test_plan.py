@@ -55,16 +55,19 @@ def test_model_facts_of_gpt2():
     assert not by_name["transformer.h.0.ln_1.weight"].matmul
 
 
-@pytest.mark.parametrize("precision,state_dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16)],
-                         ids=["fp32", "bf16-moments"])
-def test_plan_bytes_are_what_the_tiles_take(precision, state_dtype):
+@pytest.mark.parametrize("precision,state_dtype,master", [("fp32", torch.float32, None),
+                                                          ("bf16", torch.bfloat16, None),
+                                                          ("bf16", torch.bfloat16, torch.bfloat16)],
+                         ids=["fp32", "bf16-moments", "bf16-masters"])
+def test_plan_bytes_are_what_the_tiles_take(precision, state_dtype, master):
     """After a step under the plan, the live tiles of each persistent kind (parameters, moments, bf16 copies) take
     exactly the plan's bytes, and the step's peak of all tiles is within the plan's estimate of it (+-35%)."""
     import gc
     gc.collect()
     model = gpt2(n_layer=4)
-    plan = nt.plan(model, batch=3, seq=37, precision=precision, state_dtype=state_dtype)
+    plan = nt.plan(model, batch=3, seq=37, precision=precision, state_dtype=state_dtype, master_dtype=master)
     assert plan.state_dtype == state_dtype and not plan.beyond_gpu
+    assert plan.master_dtype == (master or torch.float32)
     before = live_by_kind()
     nt.reset_peak_stats()
     base = nt.stats()["tile_bytes"]
@@ -124,11 +127,14 @@ def test_plan_updates_host_blocks_where_it_predicts_faster():
     assert cpu.times["host_update_s"] > cpu.times["gpu_s"] and auto.times["host_update_s"] == 0
     assert auto.predicted_step_s() < 0.8 * cpu.predicted_step_s()
     # 13B at batch 32: the CPU updates (8.2 s) sit about level with the GPU's 8 s; updating on the GPU costs more
-    # than it saves there (measured 10.06 s against 7.39 with the CPU's): the plan keeps the CPU workers
-    assert nt.plan(meta_gpt2(40, 5120, 40), batch=32, seq=1024, **H200).host_update == "cpu"
+    # than it saves there (measured 10.06 s against 7.39 with the CPU's): the plan keeps (nearly all of) them on CPU
+    # workers
+    p13 = nt.plan(meta_gpt2(40, 5120, 40), batch=32, seq=1024, **H200)
+    assert p13.host_update in ("cpu", "mixed") and p13.cpu_update_blocks >= p13.host_blocks - 2, p13
     assert auto.times["step_s"] >= max(auto.times["gpu_s"], auto.times["pcie_s"])
-    n_host = sum(p.numel for p in auto.facts.params if p.name in set(auto.host_parameter_names()))
-    assert auto.traffic["pcie_to_host"] == n_host * (4 + 4 + 2)  # master, bf16 moments, bf16 copy
+    host = [p for p in auto.facts.params if p.name in set(auto.host_parameter_names())]
+    n_host, n_matmul = sum(p.numel for p in host), sum(p.numel for p in host if p.matmul)
+    assert auto.traffic["pcie_to_host"] == n_host * (4 + 4) + 2 * n_matmul  # master, bf16 moments, bf16 copy
     assert auto.traffic["pcie_to_gpu"] == n_host * (2 * 2 + 4 + 4)  # bf16 weights twice, master and moments
     streamed = "streamed state (GPU updates)"
     assert auto.tiers["gpu"][streamed] > 0 and streamed not in cpu.tiers["gpu"]
@@ -138,6 +144,68 @@ def test_plan_updates_host_blocks_where_it_predicts_faster():
         nt.plan(model, batch=16, seq=1024, host_update="disk", **H200)
     xl = nt.plan(meta_gpt2(48, 1600, 25), batch=8, seq=1024, **H200)
     assert xl.host_update is None and xl.summary()["host_update"] is None  # nothing in host RAM
+
+
+def test_plan_splits_host_updates_between_cpu_workers_and_the_gpu():
+    """A mixed plan: of the host blocks, the last ones are updated by CPU workers (their gradients come first in the
+    backward: the CPU has the rest of the step for them), the others on the GPU; the traffic and the CPU time are
+    those of each part; AdamW gets the CPU part as offload_update. Pins: host_update, cpu_update_blocks."""
+    model = meta_gpt2(40, 5120, 40)
+    mixed = nt.plan(model, batch=32, seq=1024, host_update="mixed", **H200)
+    k, c = mixed.host_blocks, mixed.cpu_update_blocks
+    assert mixed.host_update == "mixed" and 0 < c < k
+    assert mixed.cpu_update_block_indices == list(range(40 - c, 40))
+    assert mixed.gpu_update_block_indices == list(range(40 - k, 40 - c))
+    params = {p.name: p for p in mixed.facts.params}
+    on_cpu = set(mixed.cpu_update_parameter_names())
+    on_gpu = set(mixed.host_parameter_names()) - on_cpu
+    assert on_cpu and on_gpu and all(params[n].block >= 40 - c for n in on_cpu)
+    numel = lambda names, matmul=False: sum(params[n].numel for n in names if params[n].matmul or not matmul)  # noqa
+    assert mixed.traffic["pcie_to_host"] == 4 * numel(on_cpu) + 8 * numel(on_gpu) + 2 * numel(on_gpu, True)
+    assert mixed.traffic["pcie_to_gpu"] == 4 * numel(on_cpu | on_gpu) + 8 * numel(on_gpu)
+    assert mixed.times["host_update_s"] == pytest.approx(numel(on_cpu) * 26 / mixed.rates.host_update_bytes_s)
+    assert "ncpus" in mixed.init_kwargs() and f"but the last {c}" in str(mixed)
+    assert mixed.summary()["cpu_update_blocks"] == c and mixed.summary()["host_update"] == "mixed"
+    pinned = nt.plan(model, batch=32, seq=1024, cpu_update_blocks=3, **H200)
+    assert pinned.cpu_update_blocks == 3 and pinned.host_blocks > 3
+    with pytest.raises(ValueError, match="cpu_update_blocks"):
+        nt.plan(model, batch=32, seq=1024, host_update="gpu", cpu_update_blocks=2, **H200)
+    with pytest.raises(ValueError, match="exceeds"):
+        nt.plan(model, batch=32, seq=1024, host_blocks=2, cpu_update_blocks=3, **H200)
+    with pytest.raises(ValueError, match="pinned choices"):
+        nt.plan(model, batch=32, seq=1024, host_blocks=1, host_update="mixed", **H200)
+
+
+def test_plan_takes_bf16_master_weights_only_when_fp32_fits_nowhere():
+    """30B at batch 16 on the H200 box: fp32 master weights fit in no placement (GPU + host RAM 235 GiB, the state
+    279 GiB); the plan keeps the blocks' matmul weights as bf16 master weights (2 + 4 bytes each: no separate copy)
+    and says so. master_dtype=torch.float32 refuses that (InsufficientMemoryError naming the way out); 20B keeps fp32
+    masters unless asked; bf16 masters need precision bf16 and bf16 moments."""
+    model = meta_gpt2(48, 7168, 56)
+    p = nt.plan(model, batch=16, seq=1024, **H200)
+    assert p.master_dtype == torch.bfloat16 and p.state_dtype == torch.bfloat16 and p.beyond_gpu
+    assert p.bytes("gpu") <= H200["gpu_memory"] and p.bytes("host") <= H200["host_memory"]
+    assert "bf16 for the blocks' matmul weights" in str(p) and "fit in no placement" in str(p)
+    names = set(p.bf16_master_parameter_names())
+    params = {q.name: q for q in p.facts.params}
+    assert names and all(params[n].block >= 0 and params[n].matmul for n in names)
+    assert "transformer.wte.weight" not in names and "transformer.h.0.ln_1.weight" not in names
+    numel = sum(q.numel for q in p.facts.params)
+    in_bf16 = sum(params[n].numel for n in names)
+    assert p.persistent_bytes() == {"parameters": 4 * numel - 2 * in_bf16, "moments": 4 * numel,
+                                    "bf16 copies": 2 * params["transformer.wte.weight"].numel}
+    with pytest.raises(nt.InsufficientMemoryError, match="master_dtype=torch.bfloat16"):
+        nt.plan(model, batch=16, seq=1024, master_dtype=torch.float32, **H200)
+    assert nt.plan(meta_gpt2(44, 6144, 48), batch=16, seq=1024, **H200).master_dtype == torch.float32
+    pinned = nt.plan(meta_gpt2(44, 6144, 48), batch=16, seq=1024, master_dtype=torch.bfloat16, **H200)
+    assert pinned.master_dtype == torch.bfloat16 and "fit in no placement" not in str(pinned)
+    assert pinned.host_blocks < nt.plan(meta_gpt2(44, 6144, 48), batch=16, seq=1024, **H200).host_blocks
+    with pytest.raises(ValueError, match="precision"):
+        nt.plan(model, batch=16, seq=1024, precision="tf32", master_dtype=torch.bfloat16, **H200)
+    with pytest.raises(ValueError, match="moments"):
+        nt.plan(model, batch=16, seq=1024, master_dtype=torch.bfloat16, state_dtype=torch.float32, **H200)
+    with pytest.raises(ValueError, match="master_dtype"):
+        nt.plan(model, batch=16, seq=1024, master_dtype=torch.float16, **H200)
 
 
 def test_infeasible_model_raises_before_anything_and_says_what_would_fit():
@@ -192,38 +260,48 @@ def _train(model, opt, steps=3, device="cpu"):
     return losses
 
 
-@pytest.mark.parametrize("where", ["cpu", "gpu"])
+@pytest.mark.parametrize("where", ["cpu", "gpu", "mixed"])
 def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, where):
     """A plan with its last two blocks in host RAM (on a CPU-only machine the weights are "streamed" to host RAM,
-    memory node 0, which runs the same prefetch, won't-use and throttle calls; on a GPU to the GPU): checkpointing,
-    updates inside backward and host updates (by CPU workers, or on the GPU with the state fetched and written back)
-    give exactly the losses and weights of the same choices made by hand, without the hooks. With GPU updates every
-    host parameter's weight, moments and bf16 copy are back in host RAM after each step."""
+    memory node 0, which runs the same prefetch, won't-use, fetch and throttle calls; on a GPU to the GPU):
+    checkpointing, updates inside backward and host updates (by CPU workers, on the GPU with the state fetched ahead
+    and written back, or the last block by CPU workers and the other on the GPU) give exactly the losses and weights
+    of the same choices made by hand, without the hooks. With GPU updates every such parameter's weight, moments and
+    bf16 copy are back in host RAM after each step."""
     import warnings
     plan = nt.plan(gpt2(n_layer=4), batch=4, seq=37, precision="bf16", gpu_memory="1GiB", host_blocks=2,
                    checkpointing=True, state_dtype=torch.bfloat16, host_update=where)
     assert plan.host_blocks == 2 and plan.step_in_backward and plan.host_block_indices == [2, 3]
     assert plan.host_update == where and plan.summary()["host_update"] == where
+    assert plan.cpu_update_block_indices == {"cpu": [2, 3], "gpu": [], "mixed": [3]}[where]
     ours = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37, plan=plan)
     if device == "cpu":
         ours._nntile_streamer.nodes = [0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # few CPU workers beside a GPU: a speed warning
         opt = nt.optim.AdamW(ours.parameters(), lr=1e-3, plan=plan)
-    assert opt.offload_update == where and not (opt._streamed if where == "cpu" else opt._host)
-    host = {n for n, p in ours.named_parameters() if p in (opt._host if where == "cpu" else opt._streamed)}
+    assert opt.offload_update == where and bool(opt._host) == (where != "gpu") and bool(opt._streamed) == (where != "cpu")
+    host = {n for n, p in ours.named_parameters() if p in opt._host or p in opt._streamed}
+    on_gpu = {n for n, p in ours.named_parameters() if p in opt._streamed}
     assert host == set(plan.host_parameter_names()) and all(n.startswith(("transformer.h.2.", "transformer.h.3."))
                                                               for n in host)
+    assert on_gpu == host - set(plan.cpu_update_parameter_names())
     twin = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37)
     twin.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        split = where if where != "mixed" else [p for n, p in twin.named_parameters()
+                                                if n in host and n not in on_gpu]
         opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-3, step_in_backward=True, state_dtype=torch.bfloat16,
-                               offload=[p for n, p in twin.named_parameters() if n in host], offload_update=where)
+                               offload=[p for n, p in twin.named_parameters() if n in host], offload_update=split)
+    assert opt_t.offload_update == where
     assert _train(ours, opt, device=device) == _train(twin, opt_t, device=device)
+    # the GPU updates' state was fetched ahead in the backward of steps 2 and 3 (master weight and two moments)
+    per_step = 3 * len(on_gpu) * (1 if device == "cpu" else len(nt._C.cuda_memory_nodes()))
+    assert ours._nntile_streamer.state_fetches == 2 * per_step
     nt._C.wait_all()
     for (n, a), b in zip(ours.named_parameters(), twin.parameters()):
-        if where == "gpu" and n in host:  # written back: valid in host RAM (node 0), every tile
+        if n in on_gpu:  # written back: valid in host RAM (node 0), every tile
             st = opt.state[a]
             tiles = [a._tiles, st["exp_avg"]._tiles, st["exp_avg_sq"]._tiles]
             if a.dim() == 2:
@@ -240,6 +318,46 @@ def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, 
         nt.optim.AdamW(ours.parameters(), plan=plan, offload_update="cpu" if where == "gpu" else "gpu")
     with pytest.raises(ValueError, match="offload_update"):
         nt.optim.AdamW(twin.parameters(), offload_update="disk")
+
+
+@pytest.mark.parametrize("where", ["cpu", "gpu"])
+def test_training_with_bf16_master_weights_under_a_plan_is_the_same_as_by_hand(device, where):
+    """master_dtype=torch.bfloat16 in a plan with two host blocks: convert() keeps exactly the blocks' matmul weights
+    as bf16 tiles (float32 to torch; the embeddings, norms and biases stay fp32), the host blocks' made in host RAM;
+    the training is bit for bit the same as the same choices made by hand (keep_as_bf16_master, AdamW with bf16
+    states, host updates), and the bf16 weights move."""
+    import warnings
+    from nntile_torch.functional import keep_as_bf16_master
+    plan = nt.plan(gpt2(n_layer=4), batch=4, seq=37, precision="bf16", gpu_memory="1GiB", host_blocks=2,
+                   checkpointing=True, host_update=where, master_dtype=torch.bfloat16)
+    assert plan.master_dtype == torch.bfloat16 and plan.state_dtype == torch.bfloat16
+    names = set(plan.bf16_master_parameter_names())
+    ours = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37, plan=plan)
+    if device == "cpu":
+        ours._nntile_streamer.nodes = [0]
+    kept = {n for n, p in ours.named_parameters() if p.tiles.dtype == "bfloat16"}
+    start = {n: p.materialize().clone() for n, p in ours.named_parameters() if n in names}
+    assert kept == names and len(names) == 4 * 4 and all(p.dtype == torch.float32 for p in ours.parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # few CPU workers beside a GPU: a speed warning
+        opt = nt.optim.AdamW(ours.parameters(), lr=1e-3, plan=plan)
+    host = set(plan.host_parameter_names())
+    twin = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37)
+    twin.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for n, p in twin.named_parameters():
+        if n in names:
+            keep_as_bf16_master(p, on_host=n in host)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-3, step_in_backward=True, state_dtype=torch.bfloat16,
+                               offload=[p for n, p in twin.named_parameters() if n in host], offload_update=where)
+    losses = _train(ours, opt, steps=4, device=device)
+    assert losses == _train(twin, opt_t, steps=4, device=device)
+    for (n, a), b in zip(ours.named_parameters(), twin.parameters()):
+        assert torch.equal(a.materialize(), b.materialize()), n
+    assert all(not torch.equal(start[n], p.materialize()) for n, p in ours.named_parameters() if n in names)
+    sd = ours.state_dict()
+    assert all(v.dtype == torch.float32 for v in sd.values())
 
 
 def test_offload_fraction_takes_the_last_parameters():

@@ -502,6 +502,13 @@ void TileTensor::prefetch(int node) {
     }
 }
 
+void TileTensor::fetch(int node) {
+    NNTILE_CHECK(node >= 0 && node < (int)starpu_memory_nodes_get_count(),
+                 "fetch: no memory node " << node << " (there are " << starpu_memory_nodes_get_count() << ")");
+    for (auto h : handles_)
+        NNTILE_STARPU_CHECK(starpu_data_fetch_on_node(h, node, 1), "fetch of a tile of '" << name_ << "' to node " << node);
+}
+
 void TileTensor::wait_written() {
     for (auto h : handles_) {
         NNTILE_STARPU_CHECK(starpu_data_acquire_on_node(h, STARPU_ACQUIRE_NO_NODE, STARPU_R),

@@ -70,6 +70,10 @@ class TileTensor {
     // like a task reading it; asynchronous: the submitting thread does not wait). The memory plan's streaming of
     // weights kept in host RAM (nntile_torch/streaming.py).
     void prefetch(int node);
+    // Brings every tile's current value onto memory node `node` now, ordered after nothing (tasks already submitted
+    // that will write a tile do not hold it back; a task running on it does): for tiles whose last writer has long
+    // run, ahead of a task submitted earlier that will read them (a GPU update's master weight and moments).
+    void fetch(int node);
     // Waits (releasing no lock of its own) until the tasks already submitted that write any tile have run, without
     // moving a tile: the streaming throttle's marker of how far execution has got.
     void wait_written();

@@ -14,6 +14,15 @@ from ..tensor import TileTensor, without_torch_function
 _STATE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
 
 
+def _same(given, chosen):
+    """An argument given beside a plan agrees with the plan's choice (parameter lists compared by identity)."""
+    if isinstance(given, (list, tuple, set)) or isinstance(chosen, (list, tuple, set)):
+        if not isinstance(given, (list, tuple, set)) or not isinstance(chosen, (list, tuple, set)):
+            return False
+        return {id(p) for p in given} == {id(p) for p in chosen}
+    return given == chosen
+
+
 def _evict_updated_first():
     """NNTILE_EVICT_WONT_USE_FIRST=1 (read when the optimizer is built, and by the patched StarPU too,
     scripts/patch_starpu.py): after each update the moments, and the fp32 weight of a weight with a bf16 copy
@@ -78,7 +87,9 @@ class AdamW(torch.optim.Optimizer):
     run on the GPU: each update's master weight and moments are fetched to it (its gradient is already there) and
     written back to host RAM right after, with the new bf16 copy, and the GPU's copies are then evicted first. More
     PCIe traffic (12 bytes per parameter each way instead of 4 + 4), no CPU work: faster where the CPU updates, not
-    PCIe, bound the step (the memory plan chooses). Same updates as on CPU workers.
+    PCIe, bound the step (the memory plan chooses). Same updates as on CPU workers. offload_update given as offload
+    is (a fraction, from the last parameter backwards, or the parameters themselves) splits them: those are updated
+    by CPU workers, the other offloaded parameters on the GPU, so that both work at once (the memory plan's "mixed").
 
     plan (nt.plan(...)): step_in_backward, state_dtype, offload and offload_update as the memory plan chose them (arguments given
     here must agree with it); the parameters the plan keeps in host RAM are those of its last blocks.
@@ -92,7 +103,7 @@ class AdamW(torch.optim.Optimizer):
             chosen = plan.adamw_kwargs(p for g in params for p in (g["params"] if isinstance(g, dict) else [g]))
             for name, given in (("step_in_backward", step_in_backward), ("state_dtype", state_dtype),
                                 ("offload", offload), ("offload_update", offload_update)):
-                if given is not None and name != "offload" and given != chosen.get(name):
+                if given is not None and name != "offload" and not _same(given, chosen.get(name)):
                     raise ValueError(f"AdamW({name}={given!r}) contradicts the plan's {name}={chosen.get(name)!r} "
                                      "(pin it in nt.plan(...) instead)")
             step_in_backward = chosen["step_in_backward"] if step_in_backward is None else step_in_backward
@@ -103,8 +114,8 @@ class AdamW(torch.optim.Optimizer):
                 offload_update = chosen.get("offload_update")
         step_in_backward = bool(step_in_backward)
         offload_update = "cpu" if offload_update is None else offload_update
-        if offload_update not in ("cpu", "gpu"):
-            raise ValueError(f"offload_update must be 'cpu' or 'gpu' (got {offload_update!r})")
+        if isinstance(offload_update, str) and offload_update not in ("cpu", "gpu"):
+            raise ValueError(f"offload_update must be 'cpu', 'gpu', a fraction or parameters (got {offload_update!r})")
         state_dtype = torch.float32 if state_dtype is None else state_dtype
         if not isinstance(lr, (int, float)) or lr < 0.0:
             raise ValueError(f"Invalid learning rate: {lr!r} (must be a float >= 0)")
@@ -129,16 +140,31 @@ class AdamW(torch.optim.Optimizer):
         self._tiled_states = {}  # parameter -> (exp_avg, exp_avg_sq) as last checked: no re-check while they stay
         self._evict_first = _evict_updated_first()
         super().__init__(params, defaults)
-        self.offload_update = offload_update
-        chosen = self._offloaded(offload, offload_update)
+        if state_dtype != torch.bfloat16 and any(type(p) is TileTensor and p.dtype == torch.float32
+                                                 and p._tiles.dtype == "bfloat16" for p in self._tiled_params()):
+            raise ValueError("parameters kept as bf16 master weights (nt.plan's master_dtype=torch.bfloat16) need "
+                             "state_dtype=torch.bfloat16")
+        chosen = self._offloaded(offload, offload_update if isinstance(offload_update, str) else "gpu")
         # _host: updated by CPU workers; _streamed: state in host RAM, updated on the GPU and written back
-        self._host, self._streamed = (chosen, set()) if offload_update == "cpu" else (set(), chosen)
+        if isinstance(offload_update, str):
+            self._host, self._streamed = (chosen, set()) if offload_update == "cpu" else (set(), chosen)
+        else:  # a split: these of the offloaded ones by CPU workers, the others on the GPU
+            on_cpu = self._offloaded(offload_update, "cpu", among=[p for p in self._tiled_params() if p in chosen])
+            self._host, self._streamed = on_cpu, chosen - on_cpu
+            offload_update = "cpu" if not self._streamed else "gpu" if not self._host else "mixed"
+        self.offload_update = offload_update
         for p in self._host:
             p._nntile_host = True  # functional.weight_bf16 makes its bf16 copy on the CPU as well
 
-    def _offloaded(self, offload, where):
-        tiled = [p for g in self.param_groups for p in g["params"]
-                 if isinstance(p, TileTensor) and p.dtype == torch.float32]
+    def _tiled_params(self):
+        return [p for g in self.param_groups for p in g["params"]
+                if isinstance(p, TileTensor) and p.dtype == torch.float32]
+
+    def _offloaded(self, offload, where, among=None):
+        """The parameters `offload` names (a fraction of the elements of `among`, default every tile parameter,
+        from the last backwards; or the parameters), checked to be updated here."""
+        what = "offload" if among is None else "offload_update"
+        tiled = self._tiled_params() if among is None else among
         fraction = isinstance(offload, (int, float)) and not isinstance(offload, bool)
         if offload is None or (fraction and offload == 0):
             return set()
@@ -146,11 +172,11 @@ class AdamW(torch.optim.Optimizer):
             chosen = set(offload)
             stray = [p for p in chosen if not any(p is q for q in tiled)]
             if stray:
-                raise ValueError("offload= names parameters this optimizer does not update as tiles "
-                                 f"({len(stray)} of {len(chosen)})")
+                raise ValueError(f"{what}= names parameters this optimizer does not "
+                                 + ("update as tiles" if among is None else "offload") + f" ({len(stray)} of {len(chosen)})")
         else:
             if not 0 < offload <= 1:
-                raise ValueError(f"offload must be a fraction in (0, 1] or parameters (got {offload!r})")
+                raise ValueError(f"{what} must be a fraction in (0, 1] or parameters (got {offload!r})")
             # From the last parameters backwards: their gradients come first in the backward, so the CPU workers
             # have the rest of it to update them, and the next forward reads them last (docs/memory_plan.md).
             total, chosen, taken = sum(p.numel() for p in tiled), set(), 0
@@ -212,7 +238,7 @@ class AdamW(torch.optim.Optimizer):
         # layers = 580 parameters; the submission of an update took ~85 us here, 2026-12-01, ~39 after, ~23 with
         # TileTensor.__torch_function__ skipped: benchmarks/submission.py, medians of 6 alternating runs).
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
-        tiled = type(p) is TileTensor and p._tiles.dtype == "float32"
+        tiled = type(p) is TileTensor and p.dtype == torch.float32  # fp32 tiles, or bf16 ones (bf16 master weights)
         if not (tiled and type(p.grad) is TileTensor) and p.grad.is_sparse:  # tiles are never sparse
             raise RuntimeError("AdamW does not support sparse gradients")
         state = self.state[p]
@@ -249,7 +275,8 @@ class AdamW(torch.optim.Optimizer):
         self._tiled_states[p] = (m, v)
         copy = None
         streamed = p in self._streamed
-        if (streamed or p in self._host) and getattr(p, "_bf16_cache", None) is not None:
+        if (streamed or p in self._host) and getattr(p, "_bf16_cache", None) is not None \
+                and p._tiles.dtype == "float32":  # (a bf16 master weight is its own bf16 copy)
             # The next forward's bf16 copy, written by the update's own task (the same values as a conversion
             # after it, one pass over the weight less): the memory plan's streaming fetches it to the GPU ahead of
             # that forward (nntile_torch/streaming.py).
@@ -259,6 +286,7 @@ class AdamW(torch.optim.Optimizer):
         if copy is not None:
             p._bf16_cache = (p._tiles.version, copy)
         if streamed:
+            p._nntile_update_state = (m._tiles, v._tiles)  # the streaming fetches them ahead of the next update
             # Back to host RAM once written (an acquisition there ordered after the update), then first in the GPU's
             # eviction order: clean copies, so making room for the next blocks writes nothing back under pressure.
             for t in (p._tiles, m._tiles, v._tiles) + ((copy,) if copy is not None else ()):
