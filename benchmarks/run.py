@@ -12,7 +12,7 @@ Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:
              by hand instead: ckpt, stepbwd (AdamW in backward), bf16state (bf16 moments), offload
              (--offload-fraction of the weights updated on CPU workers), noplan (nntile's defaults, no plan);
              cpuupdate, gpuupdate: the plan with its host blocks updated on CPU workers / on the GPU;
-             bf16master: the plan with bf16 master weights; nostatefetch: the plan without the early state fetch
+             bf16master: the plan with bf16 master weights; statefetch: the plan with the early state fetch
   fsdp       FSDP1 FULL_SHARD per GPT2Block; variants plain, offload (CPUOffload(offload_params=True)), ckpt
   fsdp2      fully_shard per GPT2Block + root; variants plain, offload (CPUOffloadPolicy), ckpt
   deepspeed  ZeRO-3; variants offload (params + optimizer to CPU, the default), nvme (to --nvme-path),
@@ -59,9 +59,9 @@ VARIANTS = {
     # offload: AdamW(offload=--offload-fraction), those updates on CPU workers with their state in host RAM
     # no flag: the memory plan (nt.plan) chooses; noplan: nntile's defaults without a plan; cpuupdate / gpuupdate:
     # the plan, with its host blocks' updates pinned to CPU workers / the GPU; bf16master: the plan with the blocks'
-    # matmul weights kept in bf16 alone; nostatefetch: the plan without the early fetch of the GPU updates' state
+    # matmul weights kept in bf16 alone; statefetch: the plan with the early fetch of the GPU updates' state
     "nntile": ({"ckpt", "stepbwd", "bf16state", "offload", "noplan", "cpuupdate", "gpuupdate", "bf16master",
-                "nostatefetch"}, ""),
+                "statefetch"}, ""),
     "fsdp": ({"offload", "ckpt"}, ""),
     "fsdp2": ({"offload", "ckpt"}, ""),
     "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),
@@ -87,7 +87,7 @@ def canonical_variant(backend, text):
     pins = flags & {"cpuupdate", "gpuupdate"} if backend == "nntile" else set()
     if pins and len(pins) > 1:
         raise ValueError("nntile variants cpuupdate and gpuupdate pin the plan's host updates: one of them")
-    planned = flags & {"cpuupdate", "gpuupdate", "bf16master", "nostatefetch"} if backend == "nntile" else set()
+    planned = flags & {"cpuupdate", "gpuupdate", "bf16master", "statefetch"} if backend == "nntile" else set()
     if planned and flags & MANUAL_NNTILE_FLAGS:
         raise ValueError(f"nntile variants {sorted(planned)} change the memory plan: not with the flags that turn the "
                          f"plan off ({sorted(MANUAL_NNTILE_FLAGS)})")

@@ -225,8 +225,8 @@ def setup_nntile(spec, cuda, rank, world):
     if dev0 == "meta":
         kw.update(init=hf_init(dense), init_device=device)
     model = nt.convert(dense, **kw)
-    if "nostatefetch" in spec["flags"]:  # the A/B of the streaming's early fetch of the GPU updates' state
-        model._nntile_streamer.state_ahead = None
+    if "statefetch" in spec["flags"]:  # the streaming's early fetch of the GPU updates' state (off by default)
+        model._nntile_streamer.state_ahead = 0
     if cuda:
         torch.cuda.empty_cache()  # the dense weights are gone; give their memory back to the device
     counted = sum(p.numel() for p in model.parameters())

@@ -9,10 +9,10 @@ At block i of the forward (and at block i of the backward, walking down):
    copies: the host holds the value, so nothing is written back);
 3. the next `lookahead` host blocks' weights (the bf16 copies in bf16 mode) are fetched to the GPU, each once the
    update that writes it has run, into the buffers just released;
-4. in the backward, the master weights and moments of a host block updated on the GPU are fetched as the GPU starts
-   that block's backward (`state_ahead` blocks earlier than that), so the update at its end finds them there:
-   fetched only when the update task was ready (its gradient done), the GPU waited for them (3.6 GB per 20B block,
-   ~75 ms at 48 GB/s, against ~100 ms of that block's backward at batch 16).
+4. optionally (state_ahead, off by default: measured slower where the GPU is full), in the backward, the master
+   weights and moments of a host block updated on the GPU are fetched as the GPU starts that block's backward, so the
+   update at its end finds them there instead of fetching them only once it is ready (3.6 GB per 20B block, ~75 ms
+   at 48 GB/s, against ~100 ms of that block's backward at batch 16).
 On-demand eviction stays the safety net for everything else."""
 import functools
 import weakref
@@ -53,7 +53,11 @@ class Streamer:
         self.host = set(plan.host_block_indices)
         self.gpu_updated = set(getattr(plan, "gpu_update_block_indices", ()))
         self.lookahead = plan.lookahead
-        self.state_ahead = 0  # None: no early fetch of the GPU updates' state (the harness's A/B)
+        # Early fetch of the GPU updates' state (step 4 above): off by default, because on the H200 at 20B batch 16 it
+        # made the step slower (10.9 s against 9.2 without, same call: benchmarks/results/h200/memory_plan_v3): the GPU
+        # is full there, and room for a block's state fetched early is made by evicting live tiles. 0 turns it on
+        # (the harness's variant statefetch).
+        self.state_ahead = None
         self._state_fetched = None  # the lowest block whose state this backward has fetched
         self._state_known = set()  # GPU-updated blocks whose state existed when this step's forward began
         self.state_fetches = 0  # tiles fetched ahead of GPU updates (per memory node), for tests and reports

@@ -277,6 +277,7 @@ def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, 
     ours = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37, plan=plan)
     if device == "cpu":
         ours._nntile_streamer.nodes = [0]
+    ours._nntile_streamer.state_ahead = 0  # the early state fetch too (off by default)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # few CPU workers beside a GPU: a speed warning
         opt = nt.optim.AdamW(ours.parameters(), lr=1e-3, plan=plan)
