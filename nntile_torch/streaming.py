@@ -54,7 +54,7 @@ class Streamer:
         self.gpu_updated = set(getattr(plan, "gpu_update_block_indices", ()))
         self.lookahead = plan.lookahead
         # Early fetch of the GPU updates' state (step 4 above): off by default, because on the H200 at 20B batch 16 it
-        # made the step slower (10.9 s against 9.2 without, same call: benchmarks/results/h200/memory_plan_v3): the GPU
+        # made the step slower (10.9 s against 9.3 without, same call: benchmarks/results/h200/memory_plan_v3): the GPU
         # is full there, and room for a block's state fetched early is made by evicting live tiles. 0 turns it on
         # (the harness's variant statefetch).
         self.state_ahead = None
@@ -147,8 +147,9 @@ class Streamer:
     def _pre_forward(self, i, module, args):
         if _in_backward():  # activation checkpointing recomputes the block inside the backward
             return
-        if i == 0:  # a new step: its backward fetches the state of every block updated in an earlier step (not the
-            # first step's, made by updates submitted in that same backward: StarPU has no value of them to fetch yet)
+        if i == 0 and self.state_ahead is not None:  # a new step: its backward fetches the state of every block
+            # updated in an earlier step (not the first step's, made by updates submitted in that same backward:
+            # StarPU has no value of them to fetch)
             self._state_fetched = None
             self._state_known = {j for j in self.gpu_updated if self.state(j)}
         behind = i - self.lookahead - 1
