@@ -64,17 +64,29 @@ def main(argv=None):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(8, 4.5))
+        fig, (ax, dx) = plt.subplots(2, 1, figsize=(8, 6.5), sharex=True, height_ratios=(2, 1))
+        first = None
         for log, label in zip(runs, labels):
             steps = [s["step"] for s in log["steps"]]
-            losses = [s["loss"] for s in log["steps"]]
-            line, = ax.plot(steps, moving_average(losses, args.window), label=label)
-            ax.plot(steps, losses, color=line.get_color(), alpha=0.15, linewidth=0.8)
-        ax.set_xlabel("step")
-        ax.set_ylabel(f"loss (moving average over {args.window} steps)")
+            smooth = moving_average([s["loss"] for s in log["steps"]], args.window)
+            line, = ax.plot(steps, smooth, label=label)
+            ax.plot(steps, [s["loss"] for s in log["steps"]], color=line.get_color(), alpha=0.15, linewidth=0.8)
+            if first is None:
+                first = smooth
+            else:  # the gap, where the curves would hide it by overlapping
+                n = min(len(first), len(smooth))
+                dx.plot(steps[:n], [100 * (smooth[i] / first[i] - 1) for i in range(n)], color=line.get_color(),
+                        label=f"{label} vs {labels[0]}")
+        ax.set_ylabel(f"loss (moving average, {args.window} steps)")
         ax.set_title(args.title)
         ax.grid(alpha=0.3)
         ax.legend()
+        dx.axhline(0, color="gray", linewidth=0.8)
+        dx.set_xlabel("step")
+        dx.set_ylabel("difference, %")
+        dx.grid(alpha=0.3)
+        if len(runs) > 1:
+            dx.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(args.out, dpi=120)
         print(f"wrote {args.out}")
