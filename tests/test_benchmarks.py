@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -45,3 +47,24 @@ def test_mlp_example(tmp_path):
     assert all(abs(s["loss"] - s["torch_loss"]) <= 1e-5 * s["torch_loss"] + 1e-7 for s in log["steps"])
     assert (tmp_path / "run" / "loss.png").stat().st_size > 0
     assert "final loss" in out.stdout
+
+
+def test_compare_runs(tmp_path):
+    """Two training logs on one plot: the last window's mean loss and the gap to the first run, a PNG and a JSON;
+    a label count that does not match the logs is refused."""
+    from benchmarks.compare_runs import main, moving_average
+    assert moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    paths = []
+    for name, scale in (("a", 1.0), ("b", 1.1)):
+        log = {"args": {"name": name}, "steps": [{"step": i, "loss": scale * (5.0 - i / 10)} for i in range(20)]}
+        paths.append(str(tmp_path / f"{name}.json"))
+        with open(paths[-1], "w") as f:
+            json.dump(log, f)
+    main(paths + ["--labels", "first", "second", "--window", "5", "--out", str(tmp_path / "c.png"),
+                  "--json", str(tmp_path / "c.json")])
+    summary = json.load(open(tmp_path / "c.json"))
+    first, second = summary["runs"]
+    assert first["final_mean_loss"] == pytest.approx(5.0 - 1.7) and first["minus_first"] == 0
+    assert second["relative_to_first"] == pytest.approx(0.1) and os.path.getsize(tmp_path / "c.png") > 0
+    with pytest.raises(SystemExit):
+        main(paths + ["--labels", "only one"])
