@@ -465,10 +465,14 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
         if k:  # the host blocks' weights being used, plus those prefetched (their gradients are among the two
             # blocks' in flight; once copied to host RAM a GPU copy is clean and evicted as needed)
             g["streamed weights (host blocks)"] = (lookahead + 2) * block_numel * weight_bytes
-            if k > c:  # one block's master weights, moments and new bf16 copies: fetched as its backward starts,
-                # while the block before it is written back (clean copies after that, the first to be evicted: the
-                # reserve covers the overlap of one block's write-back and the next fetch)
+            if k > c:  # one block's master weights, moments and new bf16 copies: fetched for its update, written
+                # back at once (clean copies after that, the first to be evicted: the reserve covers the overlap of one
+                # block's write-back and the next fetch)
                 g["streamed state (GPU updates)"] = block_bytes
+            if bf16_master and c:  # a CPU-updated bf16 master's GPU copy is invalidated by the update and its
+                # buffer kept until the next forward fetches the new value into it (30B on the H200: 24.1 GiB of
+                # stale buffers measured, these bytes to 0.1 GiB: benchmarks/results/h200/memory_plan_v3)
+                g["stale bf16 masters (CPU-updated)"] = 2 * cpu_mm
         g["reserve (allocator, cache)"] = max(cap.gpu_bytes // 25, min(2 * GiB, cap.gpu_bytes // 10))
     h = tiers["host"]
     if not cap.gpu_bytes:
