@@ -222,7 +222,7 @@ class MemoryPlan:
     that follow and a predicted step time. Made by nt.plan(); print() it to read it."""
 
     def __init__(self, facts, batch, seq, precision, option, capacity, rates, tiers, traffic, times, lookahead,
-                 alternatives):
+                 alternatives, pinned_master=False):
         self.facts, self.batch, self.seq, self.precision = facts, batch, seq, precision
         self.state_dtype = option.state_dtype
         self.step_in_backward = option.step_in_backward
@@ -231,8 +231,7 @@ class MemoryPlan:
         self.cpu_update_blocks = option.cpu_blocks if option.host_blocks else 0
         self.host_update = option.host_update
         self.master_dtype = option.master_dtype
-        self.option = option
-        self.option_pinned_master = False  # master_dtype given to nt.plan (not chosen because fp32 fit nowhere)
+        self.pinned_master = pinned_master  # master_dtype given to nt.plan (not chosen because fp32 fit nowhere)
         self.capacity, self.rates = capacity, rates
         self.tiers = tiers  # {"gpu": {category: bytes}, "host": {...}, "disk": {...}}
         self.traffic = traffic  # {"pcie_to_gpu": bytes, "pcie_to_host": bytes, "disk": bytes} per step
@@ -397,7 +396,7 @@ class MemoryPlan:
                     "every tile on the GPU" if cap.gpu_bytes else "every tile in host RAM")]
         if self.master_dtype == torch.bfloat16:
             lines.append("  master weights: bf16 for the blocks' matmul weights (stochastic rounding, no separate bf16 "
-                         "copy)" + ("" if self.option_pinned_master else ": fp32 master weights fit in no placement"))
+                         "copy)" + ("" if self.pinned_master else ": fp32 master weights fit in no placement"))
         caps = {"gpu": cap.gpu_bytes, "host": cap.host_bytes, "disk": cap.disk_bytes}
         lines.append(f"  {'tier':<5} {'what':<34} {'GiB':>8}")
         for tier in ("gpu", "host", "disk"):
@@ -650,10 +649,8 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     feasible.sort(key=key)
     best = feasible[0]
     alternatives = [(o, t["step_s"]) for o, _, _, t in feasible[1:6]]  # the next ones in that order
-    result = MemoryPlan(facts, batch, seq, precision, best[0], cap, rates, best[1], best[2], best[3], lookahead,
-                        alternatives)
-    result.option_pinned_master = master_dtype is not None
-    return result
+    return MemoryPlan(facts, batch, seq, precision, best[0], cap, rates, best[1], best[2], best[3], lookahead,
+                      alternatives, pinned_master=master_dtype is not None)
 
 
 def _explain(facts, batch, seq, considered, cap, tried_bf16_masters=False):

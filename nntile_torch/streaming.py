@@ -20,7 +20,7 @@ import weakref
 import torch
 
 from . import _C
-from .tensor import TileTensor
+from .tensor import TileTensor, fp32_tiles
 
 
 def _module(model, path):
@@ -83,7 +83,7 @@ class Streamer:
         for p in self.blocks[i].parameters():
             if type(p) is not TileTensor or p.dim() != 2:
                 continue
-            if self.bf16 and p._tiles.dtype == "bfloat16":  # a bf16 master weight: what the matmuls read
+            if self.bf16 and not fp32_tiles(p):  # a bf16 master weight: what the matmuls read
                 out.append(p._tiles)
             elif self.bf16:
                 cache = getattr(p, "_bf16_cache", None)

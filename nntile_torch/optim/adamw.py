@@ -8,7 +8,7 @@ import warnings
 from .. import _C
 from ..functional import tiles_of, weight_bf16
 from ..runtime import host_tasks, info
-from ..tensor import TileTensor, without_torch_function
+from ..tensor import TileTensor, fp32_tiles, without_torch_function
 
 
 _STATE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
@@ -140,8 +140,7 @@ class AdamW(torch.optim.Optimizer):
         self._tiled_states = {}  # parameter -> (exp_avg, exp_avg_sq) as last checked: no re-check while they stay
         self._evict_first = _evict_updated_first()
         super().__init__(params, defaults)
-        if state_dtype != torch.bfloat16 and any(type(p) is TileTensor and p.dtype == torch.float32
-                                                 and p._tiles.dtype == "bfloat16" for p in self._tiled_params()):
+        if state_dtype != torch.bfloat16 and not all(fp32_tiles(p) for p in self._tiled_params()):
             raise ValueError("parameters kept as bf16 master weights (nt.plan's master_dtype=torch.bfloat16) need "
                              "state_dtype=torch.bfloat16")
         chosen = self._offloaded(offload, offload_update if isinstance(offload_update, str) else "gpu")
@@ -276,7 +275,7 @@ class AdamW(torch.optim.Optimizer):
         copy = None
         streamed = p in self._streamed
         if (streamed or p in self._host) and getattr(p, "_bf16_cache", None) is not None \
-                and p._tiles.dtype == "float32":  # (a bf16 master weight is its own bf16 copy)
+                and fp32_tiles(p):  # (a bf16 master weight is its own bf16 copy)
             # The next forward's bf16 copy, written by the update's own task (the same values as a conversion
             # after it, one pass over the weight less): the memory plan's streaming fetches it to the GPU ahead of
             # that forward (nntile_torch/streaming.py).
