@@ -12,7 +12,8 @@ Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:
              by hand instead: ckpt, stepbwd (AdamW in backward), bf16state (bf16 moments), offload
              (--offload-fraction of the weights updated on CPU workers), noplan (nntile's defaults, no plan);
              cpuupdate, gpuupdate: the plan with its host blocks updated on CPU workers / on the GPU;
-             bf16master: the plan with bf16 master weights; statefetch: the plan with the early state fetch
+             bf16master: the plan with bf16 master weights; statefetch: the plan with the early state fetch;
+             keptcopies: the plan with the GPU blocks' bf16 weight copies kept between steps (not made per use)
   fsdp       FSDP1 FULL_SHARD per GPT2Block; variants plain, offload (CPUOffload(offload_params=True)), ckpt
   fsdp2      fully_shard per GPT2Block + root; variants plain, offload (CPUOffloadPolicy), ckpt
   deepspeed  ZeRO-3; variants offload (params + optimizer to CPU, the default), nvme (to --nvme-path),
@@ -59,9 +60,10 @@ VARIANTS = {
     # offload: AdamW(offload=--offload-fraction), those updates on CPU workers with their state in host RAM
     # no flag: the memory plan (nt.plan) chooses; noplan: nntile's defaults without a plan; cpuupdate / gpuupdate:
     # the plan, with its host blocks' updates pinned to CPU workers / the GPU; bf16master: the plan with the blocks'
-    # matmul weights kept in bf16 alone; statefetch: the plan with the early fetch of the GPU updates' state
+    # matmul weights kept in bf16 alone; statefetch: the plan with the early fetch of the GPU updates' state;
+    # keptcopies: the plan with nt.plan(bf16_per_use=False)
     "nntile": ({"ckpt", "stepbwd", "bf16state", "offload", "noplan", "cpuupdate", "gpuupdate", "bf16master",
-                "statefetch"}, ""),
+                "statefetch", "keptcopies"}, ""),
     "fsdp": ({"offload", "ckpt"}, ""),
     "fsdp2": ({"offload", "ckpt"}, ""),
     "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),
@@ -87,7 +89,7 @@ def canonical_variant(backend, text):
     pins = flags & {"cpuupdate", "gpuupdate"} if backend == "nntile" else set()
     if pins and len(pins) > 1:
         raise ValueError("nntile variants cpuupdate and gpuupdate pin the plan's host updates: one of them")
-    planned = flags & {"cpuupdate", "gpuupdate", "bf16master", "statefetch"} if backend == "nntile" else set()
+    planned = flags & {"cpuupdate", "gpuupdate", "bf16master", "statefetch", "keptcopies"} if backend == "nntile" else set()
     if planned and flags & MANUAL_NNTILE_FLAGS:
         raise ValueError(f"nntile variants {sorted(planned)} change the memory plan: not with the flags that turn the "
                          f"plan off ({sorted(MANUAL_NNTILE_FLAGS)})")
@@ -344,7 +346,8 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
                            "disk_limit": args.disk_limit, "scheduler": args.scheduler,
                            "offload_fraction": args.offload_fraction,
                            "max_submitted_tasks": args.max_submitted_tasks},
-                "result": os.path.join(tmp, "result")}
+                "result": os.path.join(tmp, "result"),
+                "timeline": log_path[:-len(".log")] + ".timeline" if args.timeline else None}
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -398,7 +401,7 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
         bad = [r for r in ranks if r["status"] != "ok"]
         worst = bad[0] if bad else first
         rec.update(status=worst["status"], reason=worst["reason"])
-        for k in ("step_s", "step_times", "losses", "loss", "setup_s", "env"):
+        for k in ("step_s", "step_times", "losses", "loss", "setup_s", "env", "timeline"):
             if k in first:
                 rec[k] = first[k]
         if first.get("gpus") is not None and not cpu_only:
@@ -471,6 +474,9 @@ def parse_args(argv=None):
     ap.add_argument("--cpu", action="store_true", help="run on the CPU even when there is a GPU")
     ap.add_argument("--host-memory-cap", help="cap each attempt's address space (RLIMIT_AS), e.g. 8GiB: emulates a "
                     "smaller host in CPU-only runs (CUDA needs far more address space than memory)")
+    ap.add_argument("--timeline", action="store_true",
+                    help="after the timed steps, one more under torch.profiler: the GPU's compute, copies and idle "
+                         "time (benchmarks/timeline.py), as <log>.timeline.json and .png beside the attempt's log")
     ap.add_argument("--init-device", default="auto", choices=["auto", "cuda", "cpu", "meta"],
                     help="where the dense model is built before sharding/conversion (auto: GPU if it fits; for "
                     "nntile, meta when its fp32 weights pass 20%% of the GPU: module by module into tiles)")

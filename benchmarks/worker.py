@@ -198,7 +198,8 @@ def setup_nntile(spec, cuda, rank, world):
                        gpu_memory=o["cuda_memory_limit"] if cuda else None, host_memory=o["host_memory_limit"],
                        disk_limit=o["disk_limit"] if o["disk_path"] else None,
                        host_update="cpu" if "cpuupdate" in spec["flags"] else "gpu" if "gpuupdate" in spec["flags"]
-                       else None, master_dtype=torch.bfloat16 if "bf16master" in spec["flags"] else None)
+                       else None, master_dtype=torch.bfloat16 if "bf16master" in spec["flags"] else None,
+                       bf16_per_use=False if "keptcopies" in spec["flags"] else None)
         print(plan, flush=True)
         del shape_only
         if ncpus is None and cuda:
@@ -549,6 +550,17 @@ def run_attempt(spec, rank, world):
             t = torch.tensor(losses, dtype=torch.float64, device=device)
             dist.all_reduce(t)
             losses = (t / world).tolist()
+        if spec.get("timeline") and cuda:  # one more step, untimed, rank 0's under torch.profiler
+            from benchmarks.timeline import Timeline, report
+            ids = batch_ids(spec, len(times), vocab)[rank * per_rank:(rank + 1) * per_rank].to(device)
+            sync()
+            with Timeline() if rank == 0 else contextlib.nullcontext() as tl:
+                step(ids)
+                sync()
+            if rank == 0:
+                summary = tl.save(spec["timeline"], title=os.path.basename(spec["timeline"]))
+                print(report(summary), flush=True)
+                res["timeline"] = {k: v for k, v in summary.items() if not isinstance(v, list) or k == "top_kernels"}
         timed = times[spec["warmup"]:]
         res.update(step_s=statistics.median(timed), step_times=times, losses=losses, loss=losses[-1])
         if stats is not None:

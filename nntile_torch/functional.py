@@ -111,7 +111,11 @@ def keep_as_bf16_master(param, on_host=False):
 
 
 def weight_bf16(weight):
-    """bf16 tiles of a weight, made once per weight version (the optimizer's update makes a new version)."""
+    """bf16 tiles of a weight, made once per weight version (the optimizer's update makes a new version); or, for a
+    weight the memory plan marks (a GPU-resident block's, under checkpointing), made for this use alone and freed
+    with it: the caller keeps it for its backward as an activation, which checkpointing drops and recomputes."""
+    if getattr(weight, "_nntile_bf16_per_use", False):
+        return to_bf16(weight.tiles)
     version = weight.tiles.version
     cache = getattr(weight, "_bf16_cache", None)
     if cache is None or cache[0] != version:
@@ -142,6 +146,7 @@ class LinearFunction(torch.autograd.Function):
         k_dim, n_dim = (0, 1) if w_in_out else (1, 0)
         x2 = as_matrix_tiles(x, batch_tile, wt.tile_shape[k_dim])
         m, n = x2.shape[0], wt.shape[n_dim]
+        per_use = precision == "bf16" and getattr(weight, "_nntile_bf16_per_use", False)
         if precision == "bf16":
             x2, wc, mode = to_bf16(x2), weight_bf16(weight), "fp32"
         else:
@@ -150,7 +155,11 @@ class LinearFunction(torch.autograd.Function):
         _C.gemm(False, x2, not w_in_out, wc, y, 1.0, 0.0, mode)
         if bias is not None:
             _C.bias_add(bias.tiles, y)
-        keep(ctx, x.device, x2)  # the weight's tiles and bf16 copy live with the weight: attributes
+        if per_use:  # a copy made for this use: kept as an activation (checkpointing recomputes it)
+            keep(ctx, x.device, x2, wc)
+            wc = None
+        else:
+            keep(ctx, x.device, x2)  # the weight's tiles and bf16 copy live with the weight: attributes
         ctx.wt, ctx.wc, ctx.mode, ctx.has_bias, ctx.w_in_out = wt, wc, mode, bias is not None, w_in_out
         ctx.x_shape, ctx.x_device, ctx.saved_device = x.shape, x.device, weight.device
         ctx.batch_tile, ctx.precision, ctx.n_dim = batch_tile, precision, n_dim
@@ -160,7 +169,8 @@ class LinearFunction(torch.autograd.Function):
     @without_torch_function
     @frees_saved
     def backward(ctx, dy):
-        (x2,), wt, wc, mode, io = kept(ctx), ctx.wt, ctx.wc, ctx.mode, ctx.w_in_out
+        x2, *copy = kept(ctx)
+        wt, wc, mode, io = ctx.wt, copy[0] if copy else ctx.wc, ctx.mode, ctx.w_in_out
         n, n_tile = wt.shape[ctx.n_dim], wt.tile_shape[ctx.n_dim]
         dy2 = as_matrix_tiles(dy, ctx.batch_tile, n_tile)
         dyc = to_bf16(dy2) if ctx.precision == "bf16" else dy2

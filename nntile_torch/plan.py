@@ -207,6 +207,7 @@ class Option:
     host_blocks: int  # the last host_blocks blocks keep their state in host RAM
     cpu_blocks: int = 0  # of those, the last cpu_blocks are updated by CPU workers, the others on the GPU
     master_dtype: torch.dtype = torch.float32  # the blocks' matmul weights (bf16: no separate bf16 copy)
+    bf16_per_use: bool = False  # the GPU-resident blocks' bf16 copies made per use (per_use_copies), not kept
 
     @property
     def host_update(self):
@@ -231,6 +232,7 @@ class MemoryPlan:
         self.cpu_update_blocks = option.cpu_blocks if option.host_blocks else 0
         self.host_update = option.host_update
         self.master_dtype = option.master_dtype
+        self._bf16_per_use = option.bf16_per_use
         self.pinned_master = pinned_master  # master_dtype given to nt.plan (not chosen because fp32 fit nowhere)
         self.capacity, self.rates = capacity, rates
         self.tiers = tiers  # {"gpu": {category: bytes}, "host": {...}, "disk": {...}}
@@ -268,6 +270,20 @@ class MemoryPlan:
             return []
         return [p.name for p in self.facts.params if p.block >= 0 and p.matmul]
 
+    @property
+    def bf16_per_use(self):
+        """Whether the GPU-resident blocks' matmul weights get their bf16 copy made per use instead of kept: bf16
+        matmuls with checkpointing (the recompute makes it again, so no copy lives between a block's forward and its
+        backward, nor between steps; 2 bytes per parameter of GPU memory for two casts per step)."""
+        return self._bf16_per_use
+
+    def bf16_per_use_parameter_names(self):
+        """The parameters whose bf16 copy is made per use: the matmul weights of the blocks the GPU keeps."""
+        if not self.bf16_per_use:
+            return []
+        first_host = self.facts.n_layer - self.host_blocks
+        return [p.name for p in self.facts.params if 0 <= p.block < first_host and p.matmul]
+
     def in_host_ram(self, module_name):
         """Whether the module of that name (as model.named_modules() gives it) belongs to a host block."""
         first = self.facts.n_layer - self.host_blocks
@@ -293,8 +309,9 @@ class MemoryPlan:
         moment = 8 if self.state_dtype == torch.float32 else 4
         bf16_masters = set(self.bf16_master_parameter_names())
         in_bf16 = sum(p.numel for p in self.facts.params if p.name in bf16_masters)
-        copies = sum(p.numel for p in self.facts.params if p.matmul and p.name not in bf16_masters) \
-            if self.precision == "bf16" else 0
+        per_use = set(self.bf16_per_use_parameter_names())
+        copies = sum(p.numel for p in self.facts.params if p.matmul and p.name not in bf16_masters
+                     and p.name not in per_use) if self.precision == "bf16" else 0
         return {"parameters": 4 * numel - 2 * in_bf16, "moments": moment * numel, "bf16 copies": 2 * copies}
 
     def bytes(self, tier):
@@ -339,8 +356,12 @@ class MemoryPlan:
     def apply(self, model):
         """Checkpointing and the streaming hooks on a converted model (nt.convert(..., plan=plan) calls it)."""
         from .streaming import install
+        per_use = set(self.bf16_per_use_parameter_names())
         for name, p in model.named_parameters():
             p._nntile_plan_name = name
+            if name in per_use:  # functional.weight_bf16 makes its copy per use from now on; the kept one goes
+                p._nntile_bf16_per_use = True
+                p._bf16_cache = None
         if self.checkpointing:
             enable = getattr(model, "gradient_checkpointing_enable", None)
             if enable is not None:
@@ -424,6 +445,12 @@ def _count(n):
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"
 
 
+def per_use_copies(precision, checkpointing, master_dtype):
+    """Whether GPU-resident block weights can have their bf16 copies made per use (MemoryPlan.bf16_per_use): bf16
+    matmuls from fp32 master weights, with checkpointing."""
+    return precision == "bf16" and checkpointing and master_dtype != torch.bfloat16
+
+
 def _bytes_of(numel, mm, precision, moment, bf16_master):
     """Persistent bytes of `numel` parameter elements of which `mm` are matmul weights: master weight (fp32, or bf16
     for block matmul weights with bf16 masters), AdamW moments, and the bf16 copy a matmul reads in bf16 mode."""
@@ -437,6 +464,7 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
     bytes missing per tier. Arithmetic on per-block sums (ModelFacts.sums): constant time per option."""
     moment = 8 if opt.state_dtype == torch.float32 else 4
     bf16_master = opt.master_dtype == torch.bfloat16
+    per_use = opt.bf16_per_use
     blocks, (rest_numel, rest_mm), tails = facts.sums()
     L = facts.n_layer
     k, c = (opt.host_blocks, opt.cpu_blocks) if cap.gpu_bytes else (0, 0)
@@ -458,7 +486,10 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
     if cap.gpu_bytes:
         g = tiers["gpu"]
         g["weights + moments (+ bf16 copies)"] = (_bytes_of(gpu_numel, gpu_mm, precision, moment, bf16_master)
+                                                  - (2 * gpu_mm if per_use else 0)
                                                   + _bytes_of(rest_numel, rest_mm, precision, moment, False)) // gpus
+        if per_use and gpu_mm:  # the copies of the blocks submitted ahead (made, not yet used and freed)
+            g["bf16 copies made per use"] = (lookahead + 2) * 2 * block_mm
         g["activations"] = act
         g["gradients in flight"] = grads
         if k:  # the host blocks' weights being used, plus those prefetched (their gradients are among the two
@@ -514,6 +545,8 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
     to_host = _bytes_of(gup_numel, gup_mm, precision, moment, bf16_master)  # ... and back, with the new bf16 copy
     to_host += 4 * cpu_numel  # CPU updates: fp32 gradients
     gpu_s += update_bytes(gup_numel, gup_mm) / rates.hbm_bytes_s
+    if per_use:  # the forward's and the recompute's casts of the GPU blocks' weights: 4 bytes read, 2 written each
+        gpu_s += 12 * gpu_mm / rates.hbm_bytes_s / gpus
     host_update_s = update_bytes(cpu_numel, cpu_mm) / rates.host_update_bytes_s
     pcie_s = max(to_gpu, to_host) / rates.pcie_bytes_s
     disk_bytes = 2 * spill if spill and not missing.get("host") else 0
@@ -530,8 +563,8 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
 
 
 def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backward=None, checkpointing=None,
-         host_blocks=None, host_update=None, cpu_update_blocks=None, master_dtype=None, gpu_memory=None,
-         host_memory=None, disk_limit=None, lookahead=2, rates=None):
+         host_blocks=None, host_update=None, cpu_update_blocks=None, master_dtype=None, bf16_per_use=None,
+         gpu_memory=None, host_memory=None, disk_limit=None, lookahead=2, rates=None):
     """The memory plan for training `model` (a torch.nn.Module as built, on any device including meta, converted
     or not) on batches of `batch` sequences of `seq` tokens with nntile_torch.optim.AdamW.
 
@@ -543,6 +576,9 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     the more exact one on a tie (fp32 moments, updates in step(), no checkpointing). Master weights stay fp32 unless
     no placement with them fits: then the blocks' matmul weights are kept in bf16 alone (stochastic rounding in the
     update, 4 bytes per parameter less), and print(plan) says so; master_dtype=torch.float32 refuses that.
+    With bf16 matmuls and checkpointing, the GPU-resident blocks' bf16 weight copies are made per use (at each
+    forward and recompute) instead of kept between steps, 2 bytes per parameter of GPU memory less;
+    bf16_per_use=False keeps them (the same values either way).
     Raises InsufficientMemoryError, within milliseconds and before anything is allocated, when none fits, saying how
     many bytes are missing where and what would make it fit."""
     from .config import check_precision
@@ -557,6 +593,8 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
         raise ValueError(f"state_dtype must be torch.float32, torch.bfloat16 or None (got {state_dtype!r})")
     if master_dtype not in (None, torch.float32, torch.bfloat16):
         raise ValueError(f"master_dtype must be torch.float32, torch.bfloat16 or None (got {master_dtype!r})")
+    if bf16_per_use not in (None, True, False):
+        raise ValueError(f"bf16_per_use must be True, False or None (got {bf16_per_use!r})")
     if master_dtype == torch.bfloat16 and precision != "bf16":
         raise ValueError(f"master_dtype=torch.bfloat16 needs precision='bf16' (got {precision!r})")
     if master_dtype == torch.bfloat16 and state_dtype == torch.float32:
@@ -612,7 +650,8 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
                             if k and not sib:
                                 continue  # host blocks' gradients go straight to their update
                             for c in cpu_counts(k):
-                                opt = Option(sd, sib, ckpt, k, c, master)
+                                pu = per_use_copies(precision, ckpt, master) and bf16_per_use is not False
+                                opt = Option(sd, sib, ckpt, k, c, master, pu)
                                 tiers, traffic, times, missing = _evaluate(facts, batch, seq, precision, opt, cap,
                                                                            rates, lookahead)
                                 considered.append((opt, tiers, missing))

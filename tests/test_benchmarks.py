@@ -68,3 +68,38 @@ def test_compare_runs(tmp_path):
     assert second["relative_to_first"] == pytest.approx(0.1) and os.path.getsize(tmp_path / "c.png") > 0
     with pytest.raises(SystemExit):
         main(paths + ["--labels", "only one"])
+
+
+def test_timeline_summary(tmp_path):
+    """benchmarks/timeline.py's arithmetic on a hand-made trace: kernel time as the union over streams, idle time split
+    by whether a copy ran, bytes per direction and per bucket."""
+    from benchmarks.timeline import plot, report, summarize
+
+    def ev(cat, name, ts_ms, dur_ms, nbytes=None):
+        e = {"ph": "X", "cat": cat, "name": name, "ts": ts_ms * 1000.0, "dur": dur_ms * 1000.0}
+        if nbytes is not None:
+            e["args"] = {"bytes": nbytes}
+        return e
+    trace = [ev("kernel", "sm90_xmma_gemm_bf16", 0, 40), ev("kernel", "elementwise", 30, 20),  # busy 0-50 ms
+             ev("kernel", "adamw_bf16_kernel", 80, 20),                                        # busy 80-100
+             ev("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 40, 20, 2e9),                  # 40-60: 1 idle ms..
+             ev("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 55, 10, 1e9),                  # 55-65
+             ev("cpu_op", "aten::mm", 0, 500), {"ph": "i", "name": "marker", "ts": 1}]
+    s = summarize(trace, bucket_s=0.05)
+    assert s["wall_s"] == pytest.approx(0.1)
+    assert s["kernel_busy_s"] == pytest.approx(0.07)
+    assert s["gpu_idle_s"] == pytest.approx(0.03)
+    assert s["gpu_idle_while_copying_s"] == pytest.approx(0.015)  # 50-65 ms
+    assert s["gpu_idle_no_copy_s"] == pytest.approx(0.015)
+    assert s["h2d_gb"] == pytest.approx(2.0) and s["d2h_gb"] == pytest.approx(1.0)
+    assert s["h2d_gbps_when_active"] == pytest.approx(100.0)
+    assert s["both_directions_s"] == pytest.approx(0.005)
+    assert s["kernel_s_by_kind"] == pytest.approx({"matmul": 0.04, "other": 0.02, "optimizer": 0.02})
+    assert s["busy"] == pytest.approx([1.0, 0.4, 0.0])
+    assert s["optimizer"] == pytest.approx([0.0, 0.4, 0.0])
+    assert s["h2d_gbps"] == pytest.approx([20.0, 20.0, 0.0])  # 1 GB in each 50 ms bucket
+    assert s["d2h_gbps"] == pytest.approx([0.0, 20.0, 0.0])
+    assert "kernels busy 0.070 s (70%)" in report(s)
+    plot(s, str(tmp_path / "t.png"))
+    assert (tmp_path / "t.png").stat().st_size > 1000
+    assert "error" in summarize([ev("cpu_op", "x", 0, 1)])
