@@ -88,7 +88,7 @@ def _bytes_per_bucket(copies, t0, width, n):
 def summarize(trace_events, bucket_s=0.05):
     """The numbers of a chrome trace's events (torch.profiler's export): times in seconds, bytes in GB."""
     kernels, optimizer, h2d, d2h = [], [], [], []
-    by_name, by_kind = {}, {}
+    by_name, by_kind, calls = {}, {}, {}
     for ev in trace_events:
         if ev.get("ph") != "X" or "dur" not in ev:
             continue
@@ -103,6 +103,10 @@ def summarize(trace_events, bucket_s=0.05):
             by_kind[kind] = by_kind.get(kind, 0.0) + e - s
             if kind == "optimizer":
                 optimizer.append((s, e))
+        elif cat in ("cuda_runtime", "cuda_driver"):  # API calls of every thread (StarPU's workers too)
+            n, t = calls.get(name, (0, 0.0))
+            calls[name] = (n + 1, t + e - s)
+            continue
         elif cat == "gpu_memcpy":
             b = float((ev.get("args") or {}).get("bytes", 0))
             if "HtoD" in name:
@@ -131,6 +135,8 @@ def summarize(trace_events, bucket_s=0.05):
         "kernel_s_by_kind": {k: round(v, 4) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
         "top_kernels": [{"name": k[:100], "count": c, "s": round(t, 4)}
                         for k, (c, t) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:12]],
+        "runtime_calls": [{"name": k[:60], "count": c, "s": round(t, 4)}
+                          for k, (c, t) in sorted(calls.items(), key=lambda kv: -kv[1][1])[:12]],
         "bucket_s": bucket_s,
         "busy": [round(x / bucket_s, 3) for x in _per_bucket(busy, t0, bucket_s, n)],
         "optimizer": [round(x / bucket_s, 3) for x in _per_bucket(_merge(optimizer), t0, bucket_s, n)],
@@ -156,6 +162,9 @@ def report(s):
              f"({s['d2h_gbps_when_active'] or 0:.1f} GB/s), both directions at once {s['both_directions_s']:.3f} s; "
              f"{s['h2d_copies']} + {s['d2h_copies']} copies, {s['kernels']} kernels",
              "  kernel time by kind: " + ", ".join(f"{k} {v:.3f} s" for k, v in s["kernel_s_by_kind"].items())]
+    if s.get("runtime_calls"):
+        lines.append("  CUDA calls (every thread): " + ", ".join(f"{c['name']} {c['count']}x {c['s']:.3f} s"
+                                                               for c in s["runtime_calls"][:6]))
     return "\n".join(lines)
 
 

@@ -84,7 +84,9 @@ def test_timeline_summary(tmp_path):
              ev("kernel", "adamw_bf16_kernel", 80, 20),                                        # busy 80-100
              ev("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 40, 20, 2e9),                  # 40-60: 1 idle ms..
              ev("gpu_memcpy", "Memcpy DtoH (Device -> Pinned)", 55, 10, 1e9),                  # 55-65
-             ev("cpu_op", "aten::mm", 0, 500), {"ph": "i", "name": "marker", "ts": 1}]
+             ev("cpu_op", "aten::mm", 0, 500), {"ph": "i", "name": "marker", "ts": 1},
+             ev("cuda_runtime", "cudaHostAlloc", 10, 30), ev("cuda_runtime", "cudaHostAlloc", 60, 10),
+             ev("cuda_runtime", "cudaLaunchKernel", 0, 1)]
     s = summarize(trace, bucket_s=0.05)
     assert s["wall_s"] == pytest.approx(0.1)
     assert s["kernel_busy_s"] == pytest.approx(0.07)
@@ -99,7 +101,8 @@ def test_timeline_summary(tmp_path):
     assert s["optimizer"] == pytest.approx([0.0, 0.4, 0.0])
     assert s["h2d_gbps"] == pytest.approx([20.0, 20.0, 0.0])  # 1 GB in each 50 ms bucket
     assert s["d2h_gbps"] == pytest.approx([0.0, 20.0, 0.0])
-    assert "kernels busy 0.070 s (70%)" in report(s)
+    assert s["runtime_calls"][0] == {"name": "cudaHostAlloc", "count": 2, "s": pytest.approx(0.04)}
+    assert "kernels busy 0.070 s (70%)" in report(s) and "cudaHostAlloc 2x 0.040 s" in report(s)
     plot(s, str(tmp_path / "t.png"))
     assert (tmp_path / "t.png").stat().st_size > 1000
     assert "error" in summarize([ev("cpu_op", "x", 0, 1)])
