@@ -3,7 +3,6 @@
 #include <torch/extension.h>
 
 #include "ops/ops.h"
-#include "host_pool.h"
 #include "runtime.h"
 #include "stall_advice.h"
 #include "tiles/tile_tensor.h"
@@ -125,31 +124,6 @@ PYBIND11_MODULE(_C, m) {
     m.def("peak_tile_bytes", &peak_tile_bytes);
     m.def("torch_stream_syncs", &torch_stream_syncs);
     m.def("reset_peak_tile_bytes", &reset_peak_tile_bytes);
-    auto pool_dict = [](const HostPoolStats &st) {
-        py::dict d;
-        d["slabs"] = st.slabs;
-        d["slab_bytes"] = st.slab_bytes;
-        d["pinned_slab_bytes"] = st.pinned_slab_bytes;
-        d["live_bytes"] = st.live_bytes;
-        d["peak_live_bytes"] = st.peak_live_bytes;
-        d["largest_free"] = st.largest_free;
-        d["allocations"] = st.allocations;
-        d["fallbacks"] = st.fallbacks;
-        d["slab_allocations"] = st.slab_allocations;
-        return d;
-    };
-    m.def("host_pool_stats", [pool_dict] {
-        py::dict d = pool_dict(host_pool_stats());
-        d["enabled"] = host_pool_enabled();
-        return d;
-    });
-    // The pool's allocator alone (anonymous memory), for tests: addresses as ints.
-    m.def("host_pool_test_reset", &host_pool_test_reset, py::arg("slab_bytes"));
-    m.def("host_pool_test_alloc", [](size_t n) { return (uintptr_t)host_pool_test_alloc(n); });
-    m.def("host_pool_test_free", [](uintptr_t p) {
-        if (!host_pool_test_free((void *)p)) throw py::value_error("not a buffer of the test pool");
-    });
-    m.def("host_pool_test_stats", [pool_dict] { return pool_dict(host_pool_test_stats()); });
     m.def("live_tile_tensors", [] {
         py::list out;
         for (const auto &t : live_tile_tensors()) out.append(py::make_tuple(t.name, t.dtype, t.bytes));

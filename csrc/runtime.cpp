@@ -1,6 +1,5 @@
 // StarPU start-up and shutdown with the project's defaults, memory limits and optional disk node.
 #include "runtime.h"
-#include "host_pool.h"
 
 #include <execinfo.h>
 #include <optional>
@@ -373,18 +372,11 @@ void runtime_init(const RuntimeConfig &cfg) {
     conf.nopencl = 0;
     config = cfg;
     if (!cfg.scheduler.empty()) conf.sched_policy_name = config.scheduler.c_str();
-    // Host buffers from pinned slabs kept for the runtime's life (host_pool.h): NNTILE_HOST_POOL=0 allocates and
-    // pins each one as StarPU does (for an A/B). Pinned slabs stop at the host limit plus 1/8.
-    const char *pool_env = std::getenv("NNTILE_HOST_POOL");
-    host_pool_install(cfg.host_memory_limit > 0 ? cfg.host_memory_limit + cfg.host_memory_limit / 8 : 0,
-                      !(pool_env && std::string(pool_env) == "0"));
     int rc = starpu_init(&conf);
     NNTILE_CHECK(rc == 0, "starpu_init failed (returned " << rc
                                                        << (rc == -19 ? ": no worker available, check ncpus/ncuda" : "")
                                                        << ")");
     running = true;
-    const char *no_pin = std::getenv("STARPU_DISABLE_PINNING");
-    host_pool_allow_pinning(starpu_cuda_worker_get_count() > 0 && !(no_pin && std::atoi(no_pin) > 0));
     starpu_task_watchdog_set_hook(report_stall, nullptr);
     if (cfg.cpu_tasks == 0 && starpu_cuda_worker_get_count() == 0) {
         runtime_shutdown(false);
@@ -459,7 +451,6 @@ void runtime_shutdown(bool keep_data) {
     if (starpu_cuda_worker_get_count() > 0) starpu_cublas_shutdown();
 #endif
     starpu_shutdown();
-    host_pool_release();
     place_workers.clear();
     running = false;
     disk_node_id = -1;

@@ -202,13 +202,10 @@ def stats():
     """Counters since the process started: tasks submitted and blocking waits (host waits for task results);
     tasks_pending: submitted and not yet finished (at most init's max_submitted_tasks + 1 after a submission);
     tile_bytes: one copy of every live tile (what must fit in GPU, host and disk memory together: init's limits
-    are checked against it), peak_tile_bytes: its most since the start or reset_peak_stats(); host_pool: the slabs
-    StarPU's host buffers come from (pinned with GPUs, made once: docs/memory_plan.md), the bytes handed out, and
-    fallbacks (buffers made outside the slabs, beyond their cap of the host limit plus 1/8)."""
+    are checked against it), peak_tile_bytes: its most since the start or reset_peak_stats()."""
     return {"tasks_submitted": _C.tasks_submitted(), "tasks_pending": _C.tasks_pending() if _C.running() else 0,
             "blocking_waits": _C.blocking_waits(), "running": _C.running(),
-            "tile_bytes": _C.tile_bytes(), "peak_tile_bytes": _C.peak_tile_bytes(),
-            "host_pool": _C.host_pool_stats()}
+            "tile_bytes": _C.tile_bytes(), "peak_tile_bytes": _C.peak_tile_bytes()}
 
 
 def memory_nodes():
