@@ -232,7 +232,9 @@ class MemoryPlan:
         self.cpu_update_blocks = option.cpu_blocks if option.host_blocks else 0
         self.host_update = option.host_update
         self.master_dtype = option.master_dtype
-        self._bf16_per_use = option.bf16_per_use
+        # the GPU-resident blocks' matmul weights get their bf16 copy made per use instead of kept (per_use_copies:
+        # bf16 matmuls with checkpointing; 2 bytes per parameter of GPU memory for two casts per step)
+        self.bf16_per_use = option.bf16_per_use
         self.pinned_master = pinned_master  # master_dtype given to nt.plan (not chosen because fp32 fit nowhere)
         self.capacity, self.rates = capacity, rates
         self.tiers = tiers  # {"gpu": {category: bytes}, "host": {...}, "disk": {...}}
@@ -269,13 +271,6 @@ class MemoryPlan:
         if self.master_dtype != torch.bfloat16:
             return []
         return [p.name for p in self.facts.params if p.block >= 0 and p.matmul]
-
-    @property
-    def bf16_per_use(self):
-        """Whether the GPU-resident blocks' matmul weights get their bf16 copy made per use instead of kept: bf16
-        matmuls with checkpointing (the recompute makes it again, so no copy lives between a block's forward and its
-        backward, nor between steps; 2 bytes per parameter of GPU memory for two casts per step)."""
-        return self._bf16_per_use
 
     def bf16_per_use_parameter_names(self):
         """The parameters whose bf16 copy is made per use: the matmul weights of the blocks the GPU keeps."""
@@ -381,7 +376,8 @@ class MemoryPlan:
                 "step_in_backward": self.step_in_backward, "checkpointing": self.checkpointing,
                 "host_blocks": self.host_blocks, "host_update": self.host_update,
                 "cpu_update_blocks": self.cpu_update_blocks,
-                "master_dtype": str(self.master_dtype).replace("torch.", ""), "blocks": self.facts.n_layer,
+                "master_dtype": str(self.master_dtype).replace("torch.", ""), "bf16_per_use": self.bf16_per_use,
+                "blocks": self.facts.n_layer,
                 "lookahead_blocks": self.lookahead,
                 "tiers_bytes": {t: dict(c) for t, c in self.tiers.items()},
                 "capacity_bytes": {"gpu": self.capacity.gpu_bytes, "host": self.capacity.host_bytes,
