@@ -4,14 +4,14 @@
 
 namespace nntile::kernels {
 
-// __restrict__ (tiles never overlap) and -fno-math-errno (setup.py) let the compiler vectorize the fp32 loop: 2.4x
+// __restrict__ (tiles never overlap) and -fno-math-errno (setup.py) let the compiler vectorize the loops: 2.4x
 // per core on an x86 build machine, same bits. Each loop is also compiled for AVX2 and AVX-512 (x86-64-v3/v4) and
 // the best the processor has is picked at load time: beyond GPU memory the memory plan runs the updates of the host
 // blocks on CPU workers, where they are on the step's critical path (NNTILE_CPU_CLONES, cpu_clones.h).
 
 // Two loops each (with and without the bf16 copy), so that neither carries a branch per element, and each for both
-// forms of the moment's lerp (adamw_impl.h): the AVX2 clone of the bf16-state loop was not vectorized before (0.08
-// -> 0.25 G elements per second per core on an AVX2 build machine); AVX-512's masked ops had hidden the branch.
+// forms of the moment's lerp (adamw_impl.h). The loops are helpers: the clones inline them (`flatten`), or they would
+// be compiled for the baseline alone (as they were until benchmarks/cpu_adamw.py showed it: the clones ran SSE2).
 namespace {
 template <bool SmallW>
 void adamw_loop(int64_t n, const AdamWScalars &s, const float *__restrict__ grad, float *__restrict__ param,
