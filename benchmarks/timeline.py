@@ -11,12 +11,19 @@ The harness records one with `python -m benchmarks.run ... --timeline` (the last
 its log). The summary says, per bucket of the step (50 ms by default) and in total: the time some kernel ran (the
 union over streams), bytes copied host to GPU and back, and the GPU's idle time split by what the copy engines did
 meanwhile (an idle GPU while copies run: waiting for data; idle with no copy: waiting for work or dependencies).
+A third lane, from /proc (Linux), shows the CPU time of the process's threads per bucket: StarPU's CPU workers
+(threads named "CPU <n>": the host blocks' AdamW updates beyond GPU memory) apart from the other threads (Python's
+submission and autograd), StarPU's CUDA drivers left out (they poll without pause). Its zero is the sampler's start,
+within a few ms of the first GPU activity; samples every 20 ms.
 `python -m benchmarks.timeline trace.json` summarises a chrome trace exported earlier.
 """
 import argparse
 import json
 import os
+import re
 import tempfile
+import threading
+import time
 
 KINDS = (("optimizer", ("adamw",)), ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas")),
          ("attention", ("flash", "fmha", "attention", "sdpa")))
@@ -85,8 +92,85 @@ def _bytes_per_bucket(copies, t0, width, n):
     return out
 
 
-def summarize(trace_events, bucket_s=0.05):
-    """The numbers of a chrome trace's events (torch.profiler's export): times in seconds, bytes in GB."""
+def _thread_kind(name):
+    """'workers' (StarPU's CPU workers), None (StarPU's CUDA drivers and watchdog: left out) or 'other'."""
+    if re.fullmatch(r"CPU \d+", name):
+        return "workers"
+    if re.fullmatch(r"CUDA \d+", name) or name == "watchdog":
+        return None
+    return "other"
+
+
+def thread_lanes(samples, bucket_s, n):
+    """Per bucket, the cores' worth of CPU time StarPU's CPU workers and the other threads ran, from samples
+    [(seconds since the sampler's start, {thread id: (name, CPU ns so far)})]: each thread's time between two samples
+    spread evenly over that interval."""
+    lanes = {"workers": [0.0] * n, "other": [0.0] * n}
+    workers = set()
+    for (t_a, a), (t_b, b) in zip(samples, samples[1:]):
+        for tid, (name, ns) in b.items():
+            kind = _thread_kind(name)
+            if kind is None or tid not in a:
+                continue
+            if kind == "workers":
+                workers.add(tid)
+            d = (ns - a[tid][1]) * 1e-9
+            if d <= 0 or t_b <= t_a:
+                continue
+            for k, part in enumerate(_per_bucket([[t_a, t_b]], 0.0, bucket_s, n)):
+                if part:
+                    lanes[kind][k] += d * part / (t_b - t_a)
+    return {"cpu_workers": len(workers), "cpu_workers_busy_core_s": round(sum(lanes["workers"]), 4),
+            "other_threads_busy_core_s": round(sum(lanes["other"]), 4),
+            "cpu_workers_busy": [round(x / bucket_s, 3) for x in lanes["workers"]],
+            "other_threads_busy": [round(x / bucket_s, 3) for x in lanes["other"]]}
+
+
+class ThreadSampler:
+    """Samples every `period` s the CPU time of each thread of this process (/proc/self/task/*/schedstat, in ns) and
+    its name, on a daemon thread, between start() and stop(); .samples as thread_lanes() takes them. Does nothing
+    where /proc has no schedstat."""
+
+    def __init__(self, period=0.02):
+        self.period, self.samples, self._names = period, [], {}
+        self._stop = threading.Event()
+        self._thread = None
+
+    def _read(self):
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                if tid not in self._names:
+                    with open(f"/proc/self/task/{tid}/comm") as f:
+                        self._names[tid] = f.read().strip()
+                with open(f"/proc/self/task/{tid}/schedstat") as f:
+                    out[tid] = (self._names[tid], int(f.read().split()[0]))
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
+
+    def _run(self):
+        t0 = time.perf_counter()
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter() - t0, self._read()))
+            self._stop.wait(self.period)
+        self.samples.append((time.perf_counter() - t0, self._read()))
+
+    def start(self):
+        if os.path.exists("/proc/self/task") and os.path.exists(f"/proc/self/task/{os.getpid()}/schedstat"):
+            self._thread = threading.Thread(target=self._run, name="timeline-sampler", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def summarize(trace_events, bucket_s=0.05, thread_samples=None):
+    """The numbers of a chrome trace's events (torch.profiler's export): times in seconds, bytes in GB; with
+    ThreadSampler's samples, the CPU lanes of thread_lanes() too."""
     kernels, optimizer, h2d, d2h = [], [], [], []
     by_name, by_kind, calls = {}, {}, {}
     for ev in trace_events:
@@ -146,6 +230,8 @@ def summarize(trace_events, bucket_s=0.05):
     for d in ("h2d", "d2h"):
         active = out[f"{d}_active_s"]
         out[f"{d}_gbps_when_active"] = round(out[f"{d}_gb"] / active, 2) if active else None
+    if thread_samples and len(thread_samples) > 1:
+        out.update(thread_lanes(thread_samples, bucket_s, n))
     return out
 
 
@@ -162,6 +248,10 @@ def report(s):
              f"({s['d2h_gbps_when_active'] or 0:.1f} GB/s), both directions at once {s['both_directions_s']:.3f} s; "
              f"{s['h2d_copies']} + {s['d2h_copies']} copies, {s['kernels']} kernels",
              "  kernel time by kind: " + ", ".join(f"{k} {v:.3f} s" for k, v in s["kernel_s_by_kind"].items())]
+    if s.get("cpu_workers"):
+        lines.append(f"  CPU: {s['cpu_workers']} StarPU CPU workers ran {s['cpu_workers_busy_core_s']:.2f} core-s "
+                     f"({s['cpu_workers_busy_core_s'] / w:.1f} cores on average), other threads "
+                     f"{s['other_threads_busy_core_s']:.2f} core-s")
     if s.get("runtime_calls"):
         lines.append("  CUDA calls (every thread): " + ", ".join(f"{c['name']} {c['count']}x {c['s']:.3f} s"
                                                                for c in s["runtime_calls"][:6]))
@@ -173,7 +263,9 @@ def plot(s, path, title=""):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     t = [i * s["bucket_s"] for i in range(len(s["busy"]))]
-    fig, (a, b) = plt.subplots(2, 1, figsize=(12, 5.5), sharex=True)
+    cpu = "cpu_workers_busy" in s
+    fig, axes = plt.subplots(3 if cpu else 2, 1, figsize=(12, 8 if cpu else 5.5), sharex=True)
+    a, b = axes[0], axes[1]
     a.fill_between(t, [100 * x for x in s["busy"]], step="post", alpha=0.6, label="some kernel running")
     a.fill_between(t, [100 * x for x in s["optimizer"]], step="post", alpha=0.8, label="optimizer kernels")
     a.set_ylabel("GPU busy, %")
@@ -183,8 +275,14 @@ def plot(s, path, title=""):
     b.step(t, s["h2d_gbps"], where="post", label="host to GPU")
     b.step(t, s["d2h_gbps"], where="post", label="GPU to host")
     b.set_ylabel("copies, GB/s")
-    b.set_xlabel(f"seconds into the step ({s['bucket_s'] * 1000:.0f} ms buckets)")
     b.legend(loc="upper right")
+    if cpu:
+        c = axes[2]
+        c.step(t, s["cpu_workers_busy"], where="post", label=f"StarPU's {s['cpu_workers']} CPU workers")
+        c.step(t, s["other_threads_busy"], where="post", label="other threads (submission, autograd)")
+        c.set_ylabel("CPU, cores busy")
+        c.legend(loc="upper right")
+    axes[-1].set_xlabel(f"seconds into the step ({s['bucket_s'] * 1000:.0f} ms buckets)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -196,14 +294,17 @@ class Timeline:
     def __init__(self, bucket_s=0.05):
         self.bucket_s = bucket_s
         self.prof = None
+        self.sampler = ThreadSampler()
 
     def __enter__(self):
         from torch.profiler import ProfilerActivity, profile
         self.prof = profile(activities=[ProfilerActivity.CUDA])
         self.prof.__enter__()
+        self.sampler.start()
         return self
 
     def __exit__(self, *exc):
+        self.sampler.stop()
         self.prof.__exit__(*exc)
         return False
 
@@ -213,7 +314,7 @@ class Timeline:
             self.prof.export_chrome_trace(path)
             with open(path) as f:
                 events = json.load(f).get("traceEvents", [])
-        s = summarize(events, self.bucket_s)
+        s = summarize(events, self.bucket_s, self.sampler.samples)
         with open(prefix + ".json", "w") as f:
             json.dump(s, f)
         if "error" not in s:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (through the device tool): installs the StarPU prefix carried in .carry/starpu, builds
-# the extension against the machine's torch, then runs what is asked: tests, gputests, nodes (memory as StarPU sees
-# it), gemm, submission, linear, ab (benchmarks), train (main job), mlp, profile, multigpu, bench (the harness,
-# plans in BENCH_ARGS).
+# the extension against the machine's torch, then runs what is asked: tests, gputests, cpuadamw (the CPU AdamW
+# kernel), nodes (memory as StarPU sees it), gemm, submission, linear, ab (benchmarks), train (main job), mlp,
+# profile, multigpu, bench (the harness, plans in BENCH_ARGS).
 # Logs go to $OUT.
 #   bash scripts/h200.sh tests gemm
 # STARPU_VERSION=1.4 runs the same steps on StarPU 1.4.10 (carried in .carry/starpu14) instead of 1.3.10: logs
@@ -67,7 +67,12 @@ status=0
 for step in "$@"; do
   t0=$(date +%s)
   case $step in
-    tests) python3 -m pytest -q -rs --timeout 240 --timeout-method thread tests 2>&1 | tee "$OUT/tests.log" | tail -25; rc=${PIPESTATUS[0]} ;;
+    tests)  # the suite (TESTS: test paths, default tests)
+      # shellcheck disable=SC2086  # a list of paths
+      python3 -m pytest -q -rs --timeout 240 --timeout-method thread ${TESTS:-tests} 2>&1 | tee "$OUT/tests.log" \
+        | tail -25; rc=${PIPESTATUS[0]} ;;
+    cpuadamw)  # the CPU AdamW kernel, with and without the x86 clones, beside torch's (benchmarks/cpu_adamw.py)
+      python3 -m benchmarks.cpu_adamw --json "$OUT/cpu_adamw.json" 2>&1 | tee "$OUT/cpu_adamw.log"; rc=${PIPESTATUS[0]} ;;
     gputests)  # the CUDA variants of every op and model test (marked cuda); GPUTESTS: test paths (default tests)
       # shellcheck disable=SC2086  # a list of paths
       python3 -m pytest -q -rs --timeout 150 --timeout-method thread -m cuda ${GPUTESTS:-tests} 2>&1 | tee "$OUT/gputests.log" \

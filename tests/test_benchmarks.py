@@ -106,3 +106,47 @@ def test_timeline_summary(tmp_path):
     plot(s, str(tmp_path / "t.png"))
     assert (tmp_path / "t.png").stat().st_size > 1000
     assert "error" in summarize([ev("cpu_op", "x", 0, 1)])
+
+
+def test_timeline_cpu_lanes(tmp_path):
+    """The timeline's CPU lanes: StarPU's CPU workers' time apart from other threads', StarPU's CUDA driver (it polls)
+    left out, each thread's time between two samples spread over that interval; and the sampler reads this process's
+    threads (a busy one shows)."""
+    import threading
+    import time
+    from benchmarks.timeline import ThreadSampler, plot, report, summarize, thread_lanes
+    ms = 1_000_000
+    samples = [(0.00, {"1": ("python3", 0), "2": ("CPU 0", 0), "3": ("CPU 1", 0), "4": ("CUDA 0", 0)}),
+               (0.05, {"1": ("python3", 10 * ms), "2": ("CPU 0", 50 * ms), "3": ("CPU 1", 0), "4": ("CUDA 0", 50 * ms)}),
+               (0.10, {"1": ("python3", 10 * ms), "2": ("CPU 0", 100 * ms), "3": ("CPU 1", 25 * ms),
+                       "4": ("CUDA 0", 100 * ms), "5": ("CPU 2", 0)})]  # thread 5 appears: no time counted yet
+    lanes = thread_lanes(samples, 0.05, 3)
+    assert lanes["cpu_workers"] == 2  # the ones seen running between two samples
+    assert lanes["cpu_workers_busy"] == pytest.approx([1.0, 1.5, 0.0])
+    assert lanes["other_threads_busy"] == pytest.approx([0.2, 0.0, 0.0])
+    assert lanes["cpu_workers_busy_core_s"] == pytest.approx(0.125)
+    trace = [{"ph": "X", "cat": "kernel", "name": "k", "ts": 0.0, "dur": 100000.0}]
+    s = summarize(trace, bucket_s=0.05, thread_samples=samples)
+    assert s["cpu_workers_busy"] == pytest.approx([1.0, 1.5]) and "CPU: 2 StarPU CPU workers ran 0.1" in report(s)
+    plot(s, str(tmp_path / "t.png"))
+    assert (tmp_path / "t.png").stat().st_size > 1000
+    if not os.path.exists(f"/proc/self/task/{os.getpid()}/schedstat"):
+        pytest.skip("no /proc schedstat here: the sampler records nothing (checked above on given samples)")
+    stop, named = threading.Event(), threading.Event()
+
+    def spin():
+        import ctypes
+        ctypes.CDLL(None).prctl(15, b"CPU 7", 0, 0, 0)  # PR_SET_NAME: named as a StarPU CPU worker, before sampling
+        named.set()
+        while not stop.is_set():
+            pass
+    t = threading.Thread(target=spin)
+    t.start()
+    named.wait()
+    sampler = ThreadSampler(period=0.01).start()
+    time.sleep(0.3)
+    stop.set()
+    t.join()
+    sampler.stop()
+    lanes = thread_lanes(sampler.samples, 0.05, 8)
+    assert lanes["cpu_workers"] == 1 and lanes["cpu_workers_busy_core_s"] > 0.05
