@@ -359,6 +359,9 @@ void runtime_init(const RuntimeConfig &cfg) {
     // (the memory plan's streamed weights, once used) is the first one evicted. Neither acts while memory suffices.
     setenv("NNTILE_DROP_HOST_COPIES", "1", 0);
     setenv("NNTILE_EVICT_WONT_USE_FIRST", "1", 0);
+    // GPU buffers from a stream-ordered pool that keeps freed memory (1.3.10 patched), not cudaMalloc / cudaFree: each
+    // cudaFree waits for the whole GPU, and StarPU's CUDA worker called one per evicted buffer (781 per 20B step).
+    setenv("NNTILE_CUDA_POOL", "1", 0);
     set_env_mib("STARPU_LIMIT_CUDA_MEM", cfg.cuda_memory_limit);
     set_env_mib("STARPU_LIMIT_CPU_MEM", cfg.host_memory_limit);
     set_submission_window(cfg.max_submitted_tasks);
