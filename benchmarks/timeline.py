@@ -13,8 +13,10 @@ union over streams), bytes copied host to GPU and back, and the GPU's idle time 
 meanwhile (an idle GPU while copies run: waiting for data; idle with no copy: waiting for work or dependencies).
 A third lane, from /proc (Linux), shows the CPU time of the process's threads per bucket: StarPU's CPU workers
 (threads named "CPU <n>": the host blocks' AdamW updates beyond GPU memory) apart from the other threads (Python's
-submission and autograd), StarPU's CUDA drivers left out (they poll without pause). Its zero is the sampler's start,
-within a few ms of the first GPU activity; samples every 20 ms.
+submission and autograd), StarPU's CUDA drivers left out (they poll without pause). StarPU 1.3.10's CPU workers poll
+for tasks too: on the H200 they show a core each whether they compute or wait (20B: 14.0 of 14 throughout), so the
+lane tells the submitting threads' load, and CPU time a worker spends beyond its core. Its zero is the sampler's
+start, within a few ms of the first GPU activity; samples every 20 ms.
 `python -m benchmarks.timeline trace.json` summarises a chrome trace exported earlier.
 """
 import argparse
@@ -278,7 +280,7 @@ def plot(s, path, title=""):
     b.legend(loc="upper right")
     if cpu:
         c = axes[2]
-        c.step(t, s["cpu_workers_busy"], where="post", label=f"StarPU's {s['cpu_workers']} CPU workers")
+        c.step(t, s["cpu_workers_busy"], where="post", label=f"StarPU's {s['cpu_workers']} CPU workers (they poll: busy or waiting)")
         c.step(t, s["other_threads_busy"], where="post", label="other threads (submission, autograd)")
         c.set_ylabel("CPU, cores busy")
         c.legend(loc="upper right")
