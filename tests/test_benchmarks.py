@@ -150,3 +150,20 @@ def test_timeline_cpu_lanes(tmp_path):
     sampler.stop()
     lanes = thread_lanes(sampler.samples, 0.05, 8)
     assert lanes["cpu_workers"] == 1 and lanes["cpu_workers_busy_core_s"] > 0.05
+
+
+def test_cpu_adamw_benchmark(tmp_path):
+    """benchmarks/cpu_adamw.py builds the CPU AdamW kernel with and without the x86 clones and times both beside
+    torch's fused AdamW: every row there, with positive rates, on 1 and 2 threads."""
+    import shutil
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    from benchmarks.cpu_adamw import main
+    rows = main(["--threads", "2", "--elements", "4096", "--reps", "1", "--json", str(tmp_path / "a.json")])
+    got = {(r["build"], r["states"], r["threads"]) for r in rows}
+    for threads in (1, 2):
+        for build in ("clones", "baseline"):
+            assert (build, "fp32", threads) in got and (build, "bf16", threads) in got
+        assert ("torch fused", "fp32 (no copy)", threads) in got
+    assert all(r["g_elements_s"] > 0 and r["gb_s"] > 0 for r in rows)
+    assert json.load(open(tmp_path / "a.json")) == rows
