@@ -11,7 +11,7 @@ import json
 import os
 import sys
 
-from benchmarks.configs import fmt_params
+from benchmarks.configs import NOT_SETTINGS, fmt_params
 
 GiB = 2**30
 
@@ -33,7 +33,7 @@ def latest(records, mode):
 def variant(r):
     """The variant with the attempt's own settings (nntile options, NNTILE_/STARPU_ variables), if any."""
     settings = r.get("settings") or {}
-    return r["variant"] + "".join(f" {k}={v}" for k, v in settings.items())
+    return r["variant"] + "".join(f" {k}={v}" for k, v in settings.items() if k not in NOT_SETTINGS)
 
 
 def label(r):

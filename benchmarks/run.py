@@ -47,6 +47,7 @@ from benchmarks.configs import (
     MANUAL_NNTILE_FLAGS,
     CAPACITY_LADDER,
     CONFIGS,
+    NOT_SETTINGS,
     by_size,
     flops_per_token,
     fmt_params,
@@ -296,14 +297,15 @@ def code_commit(root=ROOT):
 
 def attempt_settings(nntile_options, flags, environ):
     """What sets an attempt apart beyond backend, variant, config and batch: nntile options given on the command
-    line, and NNTILE_* / STARPU_* environment variables (A/B runs of one variant differ only there)."""
+    line, and NNTILE_* / STARPU_* environment variables (A/B runs of one variant differ only there), but not where
+    StarPU's perf models live (STARPU_HOME) or which build the extension came from (STARPU_PREFIX)."""
     out = {}
     if nntile_options is not None:
         for k, v in nntile_options.items():
             if v is not None and (k != "offload_fraction" or "offload" in flags):
                 out[k] = v
     for k, v in sorted(environ.items()):
-        if k.startswith(("NNTILE_", "STARPU_")) and k not in ("STARPU_HOME", "STARPU_SILENT"):
+        if k.startswith(("NNTILE_", "STARPU_")) and k not in NOT_SETTINGS:
             out[k] = v
     return out
 

@@ -183,7 +183,8 @@ def test_attempts_that_differ_only_in_settings_stay_apart():
     from benchmarks.report import latest, variant
     from benchmarks.run import attempt_settings
     opts = {"tile_size": None, "host_memory_limit": "105GiB", "offload_fraction": 1.0, "scheduler": None}
-    env = {"NNTILE_EVICT_WONT_USE_FIRST": "1", "STARPU_HOME": "/x", "PATH": "/bin", "STARPU_SCHED": "dmda"}
+    env = {"NNTILE_EVICT_WONT_USE_FIRST": "1", "STARPU_HOME": "/x", "PATH": "/bin", "STARPU_SCHED": "dmda",
+           "STARPU_PREFIX": "/opt/x"}
     assert attempt_settings(opts, ["stepbwd"], env) == {"host_memory_limit": "105GiB",
                                                         "NNTILE_EVICT_WONT_USE_FIRST": "1", "STARPU_SCHED": "dmda"}
     assert attempt_settings(opts, ["offload"], {})["offload_fraction"] == 1.0
@@ -193,6 +194,7 @@ def test_attempts_that_differ_only_in_settings_stay_apart():
     a, b = dict(base, settings={}), dict(base, settings={"NNTILE_EVICT_WONT_USE_FIRST": "1"})
     assert len(latest([a, b], "throughput")) == 2 and len(latest([a, dict(a)], "throughput")) == 1
     assert variant(a) == "stepbwd" and variant(b) == "stepbwd NNTILE_EVICT_WONT_USE_FIRST=1"
+    assert variant(dict(b, settings={**b["settings"], "STARPU_PREFIX": "/opt/x"})) == variant(b)  # older records
 
 
 def test_a_slow_nntile_step_reports_its_memory_nodes_in_the_log(capsys):
