@@ -15,7 +15,7 @@
    NNTILE_EVICT_WONT_USE_FIRST: starpu_data_wont_use() puts a home-less tile first in its node's eviction order
    (1.3.10 and 1.4.10 do so only for tiles with a home node): AdamW marks the moments (and fp32 weights with a
    bf16 copy) it has just updated, which in a training step's cyclic sweep are the tiles needed last.
-4. (1.3.10) GPU buffers from a stream-ordered memory pool instead of cudaMalloc / cudaFree, when NNTILE_CUDA_POOL=1
+4. GPU buffers from a stream-ordered memory pool instead of cudaMalloc / cudaFree, when NNTILE_CUDA_POOL=1
    at StarPU's start: cudaFree waits for everything running on the GPU, and StarPU's CUDA worker, which launches the
    kernels and issues the copies, called it for every buffer it evicted (781 calls, 1.5 s, per 20B step on the H200,
    with 781 cudaMalloc calls, 0.9 s, beside them: the worker stopped, the GPU and the copies with it). A buffer StarPU
@@ -23,7 +23,7 @@
    pool of this GPU's (cudaFreeAsync on the pool's own stream) that keeps its memory (release threshold: never), and
    allocations come from it (cudaMallocFromPoolAsync, then a synchronization of that stream alone). StarPU's own
    limit (STARPU_LIMIT_CUDA_MEM) still bounds what it allocates; cudaMemGetInfo's check is skipped (the pool's free
-   memory is invisible to it). 1.4.10 is left as it is (not measured there).
+   memory is invisible to it). 1.4.10's CUDA driver allocates and frees the same way, and is patched the same.
 Idempotent: an already patched tree is left as it is."""
 import pathlib
 import sys
@@ -130,81 +130,79 @@ patch("src/datawizard/memalloc.c", [
      f"\t\telse\n\t\t\t{dirty_head} = mc; /* nothing before it is dirty */\n"
      "\t}\n"),
 ])
-# 4. GPU buffers from a stream-ordered pool (1.3.10's CUDA driver).
-if series == "1.3":
-    patch("src/drivers/cuda/driver_cuda.c", [
-        ("#include <core/task.h>\n",
-         "#include <core/task.h>\n"
-         "#ifdef STARPU_USE_CUDA\n"
-         "/* nntile_torch: GPU buffers from a stream-ordered memory pool (NNTILE_CUDA_POOL=1; scripts/patch_starpu.py) */\n"
-         "static int nntile_pool_cached = -1;\n"
-         "static int nntile_cuda_pool_enabled(void)\n"
-         "{\n\tif (nntile_pool_cached < 0)\n"
-         "\t\tnntile_pool_cached = starpu_get_env_number_default(\"NNTILE_CUDA_POOL\", 0) > 0;\n"
-         "\treturn nntile_pool_cached;\n}\n"
-         "static cudaMemPool_t nntile_pools[STARPU_MAXCUDADEVS];\n"
-         "static cudaStream_t nntile_pool_streams[STARPU_MAXCUDADEVS];\n"
-         "static starpu_pthread_mutex_t nntile_pool_mutex = STARPU_PTHREAD_MUTEX_INITIALIZER;\n"
-         "static void nntile_cuda_pool_get(unsigned devid, cudaMemPool_t *pool, cudaStream_t *stream)\n"
-         "{\n"
-         "\tSTARPU_PTHREAD_MUTEX_LOCK(&nntile_pool_mutex);\n"
-         "\tif (!nntile_pool_streams[devid])\n"
-         "\t{\n"
-         "\t\tstruct cudaMemPoolProps props;\n"
-         "\t\tmemset(&props, 0, sizeof(props));\n"
-         "\t\tprops.allocType = cudaMemAllocationTypePinned;\n"
-         "\t\tprops.handleTypes = cudaMemHandleTypeNone;\n"
-         "\t\tprops.location.type = cudaMemLocationTypeDevice;\n"
-         "\t\tprops.location.id = (int) devid;\n"
-         "\t\tcudaError_t st = cudaMemPoolCreate(&nntile_pools[devid], &props);\n"
-         "\t\tif (st == cudaSuccess)\n"
-         "\t\t{\n"
-         "\t\t\tuint64_t keep = UINT64_MAX; /* freed memory stays in the pool */\n"
-         "\t\t\tst = cudaMemPoolSetAttribute(nntile_pools[devid], cudaMemPoolAttrReleaseThreshold, &keep);\n"
-         "\t\t}\n"
-         "\t\tif (st == cudaSuccess)\n"
-         "\t\t\tst = cudaStreamCreateWithFlags(&nntile_pool_streams[devid], cudaStreamNonBlocking);\n"
-         "\t\tif (STARPU_UNLIKELY(st != cudaSuccess))\n"
-         "\t\t\tSTARPU_CUDA_REPORT_ERROR(st);\n"
-         "\t}\n"
-         "\t*pool = nntile_pools[devid];\n"
-         "\t*stream = nntile_pool_streams[devid];\n"
-         "\tSTARPU_PTHREAD_MUTEX_UNLOCK(&nntile_pool_mutex);\n"
-         "}\n"
-         "static uintptr_t nntile_cuda_pool_malloc(unsigned devid, size_t size)\n"
-         "{\n"
-         "\tcudaMemPool_t pool;\n\tcudaStream_t stream;\n\tvoid *ptr = NULL;\n"
-         "\tnntile_cuda_pool_get(devid, &pool, &stream);\n"
-         "\tcudaError_t st = cudaMallocFromPoolAsync(&ptr, size, pool, stream);\n"
-         "\tif (st == cudaSuccess)\n"
-         "\t\tst = cudaStreamSynchronize(stream); /* the pool's stream alone: frees and allocations */\n"
-         "\tif (st != cudaSuccess)\n"
-         "\t{\n"
-         "\t\tif (STARPU_UNLIKELY(st != cudaErrorMemoryAllocation))\n"
-         "\t\t\tSTARPU_CUDA_REPORT_ERROR(st);\n"
-         "\t\t(void) cudaGetLastError();\n"
-         "\t\treturn 0;\n"
-         "\t}\n"
-         "\treturn (uintptr_t) ptr;\n"
-         "}\n"
-         "static void nntile_cuda_pool_free(unsigned devid, uintptr_t addr)\n"
-         "{\n"
-         "\tcudaMemPool_t pool;\n\tcudaStream_t stream;\n"
-         "\tnntile_cuda_pool_get(devid, &pool, &stream);\n"
-         "\tcudaError_t st = cudaFreeAsync((void *) addr, stream);\n"
-         "\tif (STARPU_UNLIKELY(st != cudaSuccess))\n"
-         "\t\tSTARPU_CUDA_REPORT_ERROR(st);\n"
-         "}\n"
-         "#endif\n"),
-        ("\t/* Check if there is free memory */\n\tsize_t cuda_mem_free, cuda_mem_total;\n",
-         "\tif (nntile_cuda_pool_enabled())\n"
-         "\t\treturn nntile_cuda_pool_malloc(devid, size); /* nntile_torch */\n"
-         "\t/* Check if there is free memory */\n\tsize_t cuda_mem_free, cuda_mem_total;\n"),
-        ("#endif /* STARPU_HAVE_CUDA_MEMCPY_PEER */\n\terr = cudaFree((void*)addr);\n",
-         "#endif /* STARPU_HAVE_CUDA_MEMCPY_PEER */\n"
-         "\tif (nntile_cuda_pool_enabled())\n"
-         "\t{\n\t\tnntile_cuda_pool_free(devid, addr); /* nntile_torch */\n\t\treturn;\n\t}\n"
-         "\terr = cudaFree((void*)addr);\n"),
-    ])
-print(f"patched StarPU {series} sources (CUDA 13, host memory size, eviction settings"
-      + (", GPU buffer pool)" if series == "1.3" else ")"))
+# 4. GPU buffers from a stream-ordered pool (the CUDA driver; the same code in both series).
+patch("src/drivers/cuda/driver_cuda.c", [
+    ("#include <core/task.h>\n",
+     "#include <core/task.h>\n"
+     "#ifdef STARPU_USE_CUDA\n"
+     "/* nntile_torch: GPU buffers from a stream-ordered memory pool (NNTILE_CUDA_POOL=1; scripts/patch_starpu.py) */\n"
+     "static int nntile_pool_cached = -1;\n"
+     "static int nntile_cuda_pool_enabled(void)\n"
+     "{\n\tif (nntile_pool_cached < 0)\n"
+     "\t\tnntile_pool_cached = starpu_get_env_number_default(\"NNTILE_CUDA_POOL\", 0) > 0;\n"
+     "\treturn nntile_pool_cached;\n}\n"
+     "static cudaMemPool_t nntile_pools[STARPU_MAXCUDADEVS];\n"
+     "static cudaStream_t nntile_pool_streams[STARPU_MAXCUDADEVS];\n"
+     "static starpu_pthread_mutex_t nntile_pool_mutex = STARPU_PTHREAD_MUTEX_INITIALIZER;\n"
+     "static void nntile_cuda_pool_get(unsigned devid, cudaMemPool_t *pool, cudaStream_t *stream)\n"
+     "{\n"
+     "\tSTARPU_PTHREAD_MUTEX_LOCK(&nntile_pool_mutex);\n"
+     "\tif (!nntile_pool_streams[devid])\n"
+     "\t{\n"
+     "\t\tstruct cudaMemPoolProps props;\n"
+     "\t\tmemset(&props, 0, sizeof(props));\n"
+     "\t\tprops.allocType = cudaMemAllocationTypePinned;\n"
+     "\t\tprops.handleTypes = cudaMemHandleTypeNone;\n"
+     "\t\tprops.location.type = cudaMemLocationTypeDevice;\n"
+     "\t\tprops.location.id = (int) devid;\n"
+     "\t\tcudaError_t st = cudaMemPoolCreate(&nntile_pools[devid], &props);\n"
+     "\t\tif (st == cudaSuccess)\n"
+     "\t\t{\n"
+     "\t\t\tuint64_t keep = UINT64_MAX; /* freed memory stays in the pool */\n"
+     "\t\t\tst = cudaMemPoolSetAttribute(nntile_pools[devid], cudaMemPoolAttrReleaseThreshold, &keep);\n"
+     "\t\t}\n"
+     "\t\tif (st == cudaSuccess)\n"
+     "\t\t\tst = cudaStreamCreateWithFlags(&nntile_pool_streams[devid], cudaStreamNonBlocking);\n"
+     "\t\tif (STARPU_UNLIKELY(st != cudaSuccess))\n"
+     "\t\t\tSTARPU_CUDA_REPORT_ERROR(st);\n"
+     "\t}\n"
+     "\t*pool = nntile_pools[devid];\n"
+     "\t*stream = nntile_pool_streams[devid];\n"
+     "\tSTARPU_PTHREAD_MUTEX_UNLOCK(&nntile_pool_mutex);\n"
+     "}\n"
+     "static uintptr_t nntile_cuda_pool_malloc(unsigned devid, size_t size)\n"
+     "{\n"
+     "\tcudaMemPool_t pool;\n\tcudaStream_t stream;\n\tvoid *ptr = NULL;\n"
+     "\tnntile_cuda_pool_get(devid, &pool, &stream);\n"
+     "\tcudaError_t st = cudaMallocFromPoolAsync(&ptr, size, pool, stream);\n"
+     "\tif (st == cudaSuccess)\n"
+     "\t\tst = cudaStreamSynchronize(stream); /* the pool's stream alone: frees and allocations */\n"
+     "\tif (st != cudaSuccess)\n"
+     "\t{\n"
+     "\t\tif (STARPU_UNLIKELY(st != cudaErrorMemoryAllocation))\n"
+     "\t\t\tSTARPU_CUDA_REPORT_ERROR(st);\n"
+     "\t\t(void) cudaGetLastError();\n"
+     "\t\treturn 0;\n"
+     "\t}\n"
+     "\treturn (uintptr_t) ptr;\n"
+     "}\n"
+     "static void nntile_cuda_pool_free(unsigned devid, uintptr_t addr)\n"
+     "{\n"
+     "\tcudaMemPool_t pool;\n\tcudaStream_t stream;\n"
+     "\tnntile_cuda_pool_get(devid, &pool, &stream);\n"
+     "\tcudaError_t st = cudaFreeAsync((void *) addr, stream);\n"
+     "\tif (STARPU_UNLIKELY(st != cudaSuccess))\n"
+     "\t\tSTARPU_CUDA_REPORT_ERROR(st);\n"
+     "}\n"
+     "#endif\n"),
+    ("\t/* Check if there is free memory */\n\tsize_t cuda_mem_free, cuda_mem_total;\n",
+     "\tif (nntile_cuda_pool_enabled())\n"
+     "\t\treturn nntile_cuda_pool_malloc(devid, size); /* nntile_torch */\n"
+     "\t/* Check if there is free memory */\n\tsize_t cuda_mem_free, cuda_mem_total;\n"),
+    ("#endif /* STARPU_HAVE_CUDA_MEMCPY_PEER */\n\terr = cudaFree((void*)addr);\n",
+     "#endif /* STARPU_HAVE_CUDA_MEMCPY_PEER */\n"
+     "\tif (nntile_cuda_pool_enabled())\n"
+     "\t{\n\t\tnntile_cuda_pool_free(devid, addr); /* nntile_torch */\n\t\treturn;\n\t}\n"
+     "\terr = cudaFree((void*)addr);\n"),
+])
+print(f"patched StarPU {series} sources (CUDA 13, host memory size, eviction settings, GPU buffer pool)")
