@@ -280,7 +280,8 @@ def plot(s, path, title=""):
     b.legend(loc="upper right")
     if cpu:
         c = axes[2]
-        c.step(t, s["cpu_workers_busy"], where="post", label=f"StarPU's {s['cpu_workers']} CPU workers (they poll: busy or waiting)")
+        c.step(t, s["cpu_workers_busy"], where="post",
+               label=f"StarPU's {s['cpu_workers']} CPU workers (they poll: busy or waiting)")
         c.step(t, s["other_threads_busy"], where="post", label="other threads (submission, autograd)")
         c.set_ylabel("CPU, cores busy")
         c.legend(loc="upper right")

@@ -117,7 +117,8 @@ def test_timeline_cpu_lanes(tmp_path):
     from benchmarks.timeline import ThreadSampler, plot, report, summarize, thread_lanes
     ms = 1_000_000
     samples = [(0.00, {"1": ("python3", 0), "2": ("CPU 0", 0), "3": ("CPU 1", 0), "4": ("CUDA 0", 0)}),
-               (0.05, {"1": ("python3", 10 * ms), "2": ("CPU 0", 50 * ms), "3": ("CPU 1", 0), "4": ("CUDA 0", 50 * ms)}),
+               (0.05, {"1": ("python3", 10 * ms), "2": ("CPU 0", 50 * ms), "3": ("CPU 1", 0),
+                       "4": ("CUDA 0", 50 * ms)}),
                (0.10, {"1": ("python3", 10 * ms), "2": ("CPU 0", 100 * ms), "3": ("CPU 1", 25 * ms),
                        "4": ("CUDA 0", 100 * ms), "5": ("CPU 2", 0)})]  # thread 5 appears: no time counted yet
     lanes = thread_lanes(samples, 0.05, 3)
