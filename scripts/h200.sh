@@ -159,7 +159,8 @@ print('async_io compatible:', b.is_compatible(verbose=True)); b.load()" >"$OUT/d
         timeout 300 python3 -c "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()" \
           >"$OUT/ds_cpu_adam.log" 2>&1; echo "DeepSpeedCPUAdam build: rc=$?, $(( $(date +%s) - t1 )) s" | tee -a "$OUT/bench.log"
       fi
-      bdir=/tmp/bench${tag:+_$tag}; rc=0; end=$(( $(date +%s) + ${BENCH_BUDGET:-420} ))  # seconds for all plans together
+      # a fresh folder per call (a warm machine keeps /tmp: an earlier call's records would come back again)
+      bdir=/tmp/bench${tag:+_$tag}; rm -rf "$bdir"; rc=0; end=$(( $(date +%s) + ${BENCH_BUDGET:-420} ))  # seconds for all plans together
       args=${BENCH_ARGS:---backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024}
       if [[ $args == @* ]]; then  # @file: one plan per line, '#' comments
         args=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "${args#@}" | paste -sd';')
@@ -171,6 +172,8 @@ print('async_io compatible:', b.is_compatible(verbose=True)); b.load()" >"$OUT/d
         env "${envs[@]}" python3 -m benchmarks.run "${words[@]}" --out $bdir --budget $(( end - $(date +%s) )) 2>&1 \
           | tee -a "$OUT/bench.log"
         [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+        # after every plan, so that a call cut by the device's time limit still brings back what was measured
+        tar czf "$OUT/bench.tgz" -C $bdir . 2>/dev/null
       done
       python3 -m benchmarks.report $bdir 2>&1 | tee -a "$OUT/bench.log"
       # results.jsonl, results.md, plots, one log per attempt (one file: the device returns 8 at most)
