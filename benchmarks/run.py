@@ -13,7 +13,8 @@ Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:
              (--offload-fraction of the weights updated on CPU workers), noplan (nntile's defaults, no plan);
              cpuupdate, gpuupdate: the plan with its host blocks updated on CPU workers / on the GPU;
              bf16master: the plan with bf16 master weights; statefetch: the plan with the early state fetch;
-             keptcopies: the plan with the GPU blocks' bf16 weight copies kept between steps (not made per use)
+             keptcopies: the plan with the GPU blocks' bf16 weight copies kept between steps (not made per use);
+             hostckpt: the plan with checkpointing's block inputs homed in host RAM (nt.plan(host_checkpoints=True))
   fsdp       FSDP1 FULL_SHARD per GPT2Block; variants plain, offload (CPUOffload(offload_params=True)), ckpt
   fsdp2      fully_shard per GPT2Block + root; variants plain, offload (CPUOffloadPolicy), ckpt
   deepspeed  ZeRO-3; variants offload (params + optimizer to CPU, the default), nvme (to --nvme-path),
@@ -62,9 +63,9 @@ VARIANTS = {
     # no flag: the memory plan (nt.plan) chooses; noplan: nntile's defaults without a plan; cpuupdate / gpuupdate:
     # the plan, with its host blocks' updates pinned to CPU workers / the GPU; bf16master: the plan with the blocks'
     # matmul weights kept in bf16 alone; statefetch: the plan with the early fetch of the GPU updates' state;
-    # keptcopies: the plan with nt.plan(bf16_per_use=False)
+    # keptcopies: the plan with nt.plan(bf16_per_use=False); hostckpt: with nt.plan(host_checkpoints=True)
     "nntile": ({"ckpt", "stepbwd", "bf16state", "offload", "noplan", "cpuupdate", "gpuupdate", "bf16master",
-                "statefetch", "keptcopies"}, ""),
+                "statefetch", "keptcopies", "hostckpt"}, ""),
     "fsdp": ({"offload", "ckpt"}, ""),
     "fsdp2": ({"offload", "ckpt"}, ""),
     "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),
@@ -90,7 +91,8 @@ def canonical_variant(backend, text):
     pins = flags & {"cpuupdate", "gpuupdate"} if backend == "nntile" else set()
     if pins and len(pins) > 1:
         raise ValueError("nntile variants cpuupdate and gpuupdate pin the plan's host updates: one of them")
-    planned = flags & {"cpuupdate", "gpuupdate", "bf16master", "statefetch", "keptcopies"} if backend == "nntile" else set()
+    planned = flags & {"cpuupdate", "gpuupdate", "bf16master", "statefetch", "keptcopies", "hostckpt"} \
+        if backend == "nntile" else set()
     if planned and flags & MANUAL_NNTILE_FLAGS:
         raise ValueError(f"nntile variants {sorted(planned)} change the memory plan: not with the flags that turn the "
                          f"plan off ({sorted(MANUAL_NNTILE_FLAGS)})")

@@ -199,7 +199,8 @@ def setup_nntile(spec, cuda, rank, world):
                        disk_limit=o["disk_limit"] if o["disk_path"] else None,
                        host_update="cpu" if "cpuupdate" in spec["flags"] else "gpu" if "gpuupdate" in spec["flags"]
                        else None, master_dtype=torch.bfloat16 if "bf16master" in spec["flags"] else None,
-                       bf16_per_use=False if "keptcopies" in spec["flags"] else None)
+                       bf16_per_use=False if "keptcopies" in spec["flags"] else None,
+                       host_checkpoints=True if "hostckpt" in spec["flags"] else None)
         print(plan, flush=True)
         del shape_only
         if ncpus is None and cuda:

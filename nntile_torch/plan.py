@@ -209,6 +209,7 @@ class Option:
     cpu_blocks: int = 0  # of those, the last cpu_blocks are updated by CPU workers, the others on the GPU
     master_dtype: torch.dtype = torch.float32  # the blocks' matmul weights (bf16: no separate bf16 copy)
     bf16_per_use: bool = False  # the GPU-resident blocks' bf16 copies made per use (per_use_copies), not kept
+    host_checkpoints: bool = False  # checkpointing's block inputs homed in host RAM, fetched back for the recompute
 
     @property
     def host_update(self):
@@ -224,7 +225,7 @@ class MemoryPlan:
     that follow and a predicted step time. Made by nt.plan(); print() it to read it."""
 
     def __init__(self, facts, batch, seq, precision, option, capacity, rates, tiers, traffic, times, lookahead,
-                 alternatives, pinned_master=False):
+                 alternatives, pinned_master=False, pinned_host_checkpoints=False):
         self.facts, self.batch, self.seq, self.precision = facts, batch, seq, precision
         self.state_dtype = option.state_dtype
         self.step_in_backward = option.step_in_backward
@@ -236,7 +237,11 @@ class MemoryPlan:
         # the GPU-resident blocks' matmul weights get their bf16 copy made per use instead of kept (per_use_copies:
         # bf16 matmuls with checkpointing; 2 bytes per parameter of GPU memory for two casts per step)
         self.bf16_per_use = option.bf16_per_use
+        # every block's input (what checkpointing keeps) copied to host RAM once the GPU is past it, its GPU copy
+        # first to be evicted, and fetched back `lookahead` blocks ahead of its recompute in the backward
+        self.host_checkpoints = option.host_checkpoints
         self.pinned_master = pinned_master  # master_dtype given to nt.plan (not chosen because fp32 fit nowhere)
+        self.pinned_host_checkpoints = pinned_host_checkpoints
         self.capacity, self.rates = capacity, rates
         self.tiers = tiers  # {"gpu": {category: bytes}, "host": {...}, "disk": {...}}
         self.traffic = traffic  # {"pcie_to_gpu": bytes, "pcie_to_host": bytes, "disk": bytes} per step
@@ -378,6 +383,7 @@ class MemoryPlan:
                 "host_blocks": self.host_blocks, "host_update": self.host_update,
                 "cpu_update_blocks": self.cpu_update_blocks,
                 "master_dtype": str(self.master_dtype).replace("torch.", ""), "bf16_per_use": self.bf16_per_use,
+                "host_checkpoints": self.host_checkpoints,
                 "blocks": self.facts.n_layer,
                 "lookahead_blocks": self.lookahead,
                 "tiers_bytes": {t: dict(c) for t, c in self.tiers.items()},
@@ -415,6 +421,10 @@ class MemoryPlan:
         if self.master_dtype == torch.bfloat16:
             lines.append("  master weights: bf16 for the blocks' matmul weights (stochastic rounding, no separate bf16 "
                          "copy)" + ("" if self.pinned_master else ": fp32 master weights fit in no placement"))
+        if self.host_checkpoints:
+            lines.append("  checkpoints: every block's input in host RAM, fetched back for its recompute "
+                         f"{self.lookahead} blocks ahead" + ("" if self.pinned_host_checkpoints else
+                                                            ": no placement fits with them on the GPU"))
         caps = {"gpu": cap.gpu_bytes, "host": cap.host_bytes, "disk": cap.disk_bytes}
         lines.append(f"  {'tier':<5} {'what':<34} {'GiB':>8}")
         for tier in ("gpu", "host", "disk"):
@@ -472,6 +482,12 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
     all_numel = gpu_numel + host_numel + rest_numel
     gpus = max(1, cap.gpus)
     act = activation_bytes(facts, -(-batch // gpus), seq, precision, opt.checkpointing)
+    # checkpoints homed in host RAM: the GPU keeps those of the blocks around the one computing (lookahead ahead of
+    # the recompute, the one in use, the one just done); each crosses PCIe once each way
+    ckpt_bytes = 4 * facts.width * facts.n_layer * -(-batch // gpus) * seq \
+        if opt.host_checkpoints and opt.checkpointing and cap.gpu_bytes else 0
+    if ckpt_bytes:
+        act -= ckpt_bytes - (lookahead + 2) * ckpt_bytes // max(1, facts.n_layer)
     block_numel = max([b[0] for b in blocks] or [0])
     block_mm = max([b[1] for b in blocks] or [0])
     block_bytes = _bytes_of(block_numel, block_mm, precision, moment, bf16_master)
@@ -511,6 +527,8 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
         h["weights + moments (+ bf16 copies)"] = _bytes_of(host_numel, host_mm, precision, moment, bf16_master)
         if c:
             h["gradients arriving"] = 3 * 4 * block_numel
+    if ckpt_bytes:
+        h["checkpoints (block inputs)"] = ckpt_bytes * gpus
     if h:
         h["reserve (allocator)"] = max(GiB // 4, cap.host_bytes // 50)
     missing = {}
@@ -541,6 +559,7 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
     to_gpu += (4 + moment) * gup_numel - (4 * gup_mm if bf16_master else 0)
     to_host = _bytes_of(gup_numel, gup_mm, precision, moment, bf16_master)  # ... and back, with the new bf16 copy
     to_host += 4 * cpu_numel  # CPU updates: fp32 gradients
+    to_gpu, to_host = to_gpu + ckpt_bytes, to_host + ckpt_bytes
     gpu_s += update_bytes(gup_numel, gup_mm) / rates.hbm_bytes_s
     if per_use:  # the forward's and the recompute's casts of the GPU blocks' weights: 4 bytes read, 2 written each
         gpu_s += 12 * gpu_mm / rates.hbm_bytes_s / gpus
@@ -561,7 +580,7 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
 
 def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backward=None, checkpointing=None,
          host_blocks=None, host_update=None, cpu_update_blocks=None, master_dtype=None, bf16_per_use=None,
-         gpu_memory=None, host_memory=None, disk_limit=None, lookahead=2, rates=None):
+         host_checkpoints=None, gpu_memory=None, host_memory=None, disk_limit=None, lookahead=2, rates=None):
     """The memory plan for training `model` (a torch.nn.Module as built, on any device including meta, converted
     or not) on batches of `batch` sequences of `seq` tokens with nntile_torch.optim.AdamW.
 
@@ -575,7 +594,10 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     update, 4 bytes per parameter less), and print(plan) says so; master_dtype=torch.float32 refuses that.
     With bf16 matmuls and checkpointing, the GPU-resident blocks' bf16 weight copies are made per use (at each
     forward and recompute) instead of kept between steps, 2 bytes per parameter of GPU memory less;
-    bf16_per_use=False keeps them (the same values either way).
+    bf16_per_use=False keeps them (the same values either way). With checkpointing and a GPU, the blocks' inputs (what
+    checkpointing keeps, 4 x width bytes per token and block) can be homed in host RAM, each copied there once the
+    GPU is past its block and fetched back ahead of its recompute: the plan does so only when no placement fits
+    otherwise (not even with bf16 master weights); host_checkpoints=True / False pins it (the same values either way).
     Raises InsufficientMemoryError, within milliseconds and before anything is allocated, when none fits, saying how
     many bytes are missing where and what would make it fit."""
     from .config import check_precision
@@ -592,6 +614,11 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
         raise ValueError(f"master_dtype must be torch.float32, torch.bfloat16 or None (got {master_dtype!r})")
     if bf16_per_use not in (None, True, False):
         raise ValueError(f"bf16_per_use must be True, False or None (got {bf16_per_use!r})")
+    if host_checkpoints not in (None, True, False):
+        raise ValueError(f"host_checkpoints must be True, False or None (got {host_checkpoints!r})")
+    if host_checkpoints and checkpointing is False:
+        raise ValueError("host_checkpoints=True homes checkpointing's block inputs in host RAM: not with "
+                         "checkpointing=False")
     if master_dtype == torch.bfloat16 and precision != "bf16":
         raise ValueError(f"master_dtype=torch.bfloat16 needs precision='bf16' (got {precision!r})")
     if master_dtype == torch.bfloat16 and state_dtype == torch.float32:
@@ -614,6 +641,8 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
         raise ValueError(f"host_blocks must be in [0, {facts.n_layer}] (got {host_blocks!r})")
     if host_blocks and not cap.gpu_bytes:
         raise ValueError("host_blocks needs a GPU tier (this plan has none: everything is in host RAM already)")
+    if host_checkpoints and not cap.gpu_bytes:
+        raise ValueError("host_checkpoints needs a GPU tier (this plan has none: everything is in host RAM already)")
     if cpu_update_blocks and host_blocks is not None and cpu_update_blocks > host_blocks:
         raise ValueError(f"cpu_update_blocks={cpu_update_blocks} exceeds host_blocks={host_blocks}")
     if host_update == "gpu" and cpu_update_blocks:
@@ -633,10 +662,12 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
         counts = {"cpu": [k], "gpu": [0], "mixed": range(1, k)}.get(host_update, range(k + 1))
         return [c for c in counts if cpu_update_blocks is None or c == cpu_update_blocks]
 
-    def search(masters):
+    def search(masters, in_host=(False,)):
         considered, feasible = [], []
-        for master in masters:
+        for master, hc in ((m, h) for h in in_host for m in masters):
             for ckpt in choices(checkpointing, [False, True]):
+                if hc and not ckpt:
+                    continue
                 for sd in choices(state_dtype, [torch.float32, torch.bfloat16]):
                     if master == torch.bfloat16 and sd != torch.bfloat16:
                         continue
@@ -648,7 +679,7 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
                                 continue  # host blocks' gradients go straight to their update
                             for c in cpu_counts(k):
                                 pu = per_use_copies(precision, ckpt, master) and bf16_per_use is not False
-                                opt = Option(sd, sib, ckpt, k, c, master, pu)
+                                opt = Option(sd, sib, ckpt, k, c, master, pu, hc)
                                 tiers, traffic, times, missing = _evaluate(facts, batch, seq, precision, opt, cap,
                                                                            rates, lookahead)
                                 considered.append((opt, tiers, missing))
@@ -657,9 +688,16 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
         return considered, feasible
 
     bf16_possible = precision == "bf16" and state_dtype != torch.float32 and facts.n_layer
-    considered, feasible = search(choices(master_dtype, [torch.float32]))
+    # The exact placements first; then bf16 master weights; then checkpoints in host RAM (exact, but not measured on
+    # the rows the bf16 masters were: they come last so that those keep their measured plans)
+    hc_first = [True] if host_checkpoints else [False]
+    considered, feasible = search(choices(master_dtype, [torch.float32]), hc_first)
     if not feasible and master_dtype is None and bf16_possible:  # fp32 master weights fit nowhere: bf16 ones
-        more, feasible = search([torch.bfloat16])
+        more, feasible = search([torch.bfloat16], hc_first)
+        considered += more
+    if not feasible and host_checkpoints is None and cap.gpu_bytes and checkpointing is not False and facts.n_layer:
+        masters = choices(master_dtype, [torch.float32] + ([torch.bfloat16] if bf16_possible else []))
+        more, feasible = search(masters, [True])
         considered += more
     if not considered:
         raise ValueError("no placement has the pinned choices (host_blocks, host_update, cpu_update_blocks): "
@@ -686,7 +724,8 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     best = feasible[0]
     alternatives = [(o, t["step_s"]) for o, _, _, t in feasible[1:6]]  # the next ones in that order
     return MemoryPlan(facts, batch, seq, precision, best[0], cap, rates, best[1], best[2], best[3], lookahead,
-                      alternatives, pinned_master=master_dtype is not None)
+                      alternatives, pinned_master=master_dtype is not None,
+                      pinned_host_checkpoints=host_checkpoints is not None)
 
 
 def _explain(facts, batch, seq, considered, cap, tried_bf16_masters=False):

@@ -13,6 +13,10 @@ At block i of the forward (and at block i of the backward, walking down):
    weights and moments of a host block updated on the GPU are fetched as the GPU starts that block's backward, so the
    update at its end finds them there instead of fetching them only once it is ready (3.6 GB per 20B block, ~75 ms
    at 48 GB/s, against ~100 ms of that block's backward at batch 16).
+5. with the plan's host_checkpoints, in the forward, the input of the block `lookahead + 1` behind (what
+   checkpointing keeps of it) is copied to host RAM, and the one before it marked won't-use (its GPU copy is clean
+   by then: evicted first, nothing written back); in the backward each block's input is fetched back to the GPU
+   `lookahead` blocks ahead of its recompute.
 On-demand eviction stays the safety net for everything else."""
 import functools
 import weakref
@@ -65,6 +69,10 @@ class Streamer:
         self.forward_marks = {}  # block -> weakref to its output's C++ tiles
         self.backward_marks = {}  # block -> weakref to the gradient of its input
         self.nodes = None  # memory nodes the host blocks' weights go to (None: every GPU's)
+        self.host_checkpoints = bool(getattr(plan, "host_checkpoints", False))
+        self.host_node = 0  # where the checkpoints go (StarPU's main RAM)
+        self.inputs = {}  # block -> weakref to its input's C++ tiles (host_checkpoints)
+        self.checkpoint_moves = 0  # block inputs copied to host RAM or fetched back (per memory node), for tests
         self.handles = []
         for i, block in enumerate(self.blocks):
             self.handles.append(block.register_forward_pre_hook(functools.partial(self._pre_forward, i)))
@@ -136,6 +144,30 @@ class Streamer:
                     for node in nodes:
                         t.prefetch(node)
 
+    def _offload_input(self, done):
+        """Copies block `done`'s input to host RAM, and marks the one before it won't-use (copied a block ago)."""
+        ref = self.inputs.get(done)
+        tiles = ref() if ref is not None else None
+        if tiles is not None:
+            tiles.prefetch(self.host_node)
+            self.checkpoint_moves += 1
+        ref = self.inputs.get(done - 1)
+        tiles = ref() if ref is not None else None
+        if tiles is not None:
+            tiles.wont_use()
+
+    def _fetch_inputs(self, blocks):
+        """Fetches the inputs of these blocks back to every GPU, ahead of their recompute in the backward."""
+        nodes = _C.cuda_memory_nodes() if self.nodes is None else self.nodes
+        for j in blocks:
+            ref = self.inputs.pop(j, None)
+            tiles = ref() if ref is not None else None
+            if tiles is None:
+                continue
+            for node in nodes:
+                tiles.prefetch(node)
+                self.checkpoint_moves += 1
+
     @staticmethod
     def _wait(marks, i):
         ref = marks.pop(i, None)
@@ -155,6 +187,14 @@ class Streamer:
         behind = i - self.lookahead - 1
         self._wait(self.forward_marks, behind)
         self._stream(behind, range(i + 1, min(len(self.blocks), i + 1 + self.lookahead)))
+        if self.host_checkpoints:
+            if i == 0:
+                self.inputs.clear()
+            x = _first_tile_tensor(args)
+            if x is not None:
+                self.inputs[i] = weakref.ref(x._tiles)
+            if behind >= 0:
+                self._offload_input(behind)
 
     def _post_forward(self, i, module, args, output):
         out = _first_tile_tensor(output)
@@ -172,6 +212,8 @@ class Streamer:
         self._wait(self.backward_marks, ahead)
         self._stream(ahead, range(i - 1, max(-1, i - 1 - self.lookahead), -1))
         self._fetch_state(ahead - 1, last=i == 0)  # the GPU has done block `ahead`: it starts the one below
+        if self.host_checkpoints:  # this block's input (if not already) and the next `lookahead` ones below
+            self._fetch_inputs(range(i, max(-1, i - 1 - self.lookahead), -1))
         return None
 
 

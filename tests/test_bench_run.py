@@ -120,6 +120,9 @@ def test_backend_and_variant_parsing():
         ("torch", "plain"), ("fsdp2", "plain"), ("fsdp2", "offload")]
     with pytest.raises(ValueError, match="no variant flag"):
         parse_backends("torch:offload", None)
+    assert parse_backends("nntile:hostckpt", None) == [("nntile", "hostckpt")]
+    with pytest.raises(ValueError, match="change the memory plan"):
+        parse_backends("nntile:hostckpt+ckpt", None)
     with pytest.raises(ValueError, match="unknown backend"):
         parse_backends("megatron", None)
     assert machine_name("NVIDIA H200") == "h200" and machine_name("NVIDIA H100 80GB HBM3") == "h100"

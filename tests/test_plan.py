@@ -395,6 +395,63 @@ def test_training_with_bf16_master_weights_under_a_plan_is_the_same_as_by_hand(d
     assert all(v.dtype == torch.float32 for v in sd.values())
 
 
+def test_plan_homes_checkpoints_in_host_ram_only_when_nothing_else_fits():
+    """host_checkpoints: checkpointing's block inputs (4 x width bytes per token and block) leave the GPU for host
+    RAM, all but the lookahead + 2 blocks' around the one computing, and cross PCIe once each way. The plan takes it
+    only when no placement fits otherwise, bf16 master weights included (13B at batch 96 on the H200 box), so the
+    measured rows keep their plans (13B at batch 32); pinned, it needs checkpointing and a GPU tier."""
+    model = meta_gpt2(40, 5120, 40)
+    base = nt.plan(model, batch=32, seq=1024, host_blocks=17, cpu_update_blocks=17, host_checkpoints=False, **H200)
+    home = nt.plan(model, batch=32, seq=1024, host_blocks=17, cpu_update_blocks=17, host_checkpoints=True, **H200)
+    assert not base.host_checkpoints and home.host_checkpoints and home.checkpointing
+    stored = 4 * 5120 * 40 * 32 * 1024
+    kept = (home.lookahead + 2) * stored // 40
+    assert base.tiers["gpu"]["activations"] - home.tiers["gpu"]["activations"] == stored - kept
+    assert home.tiers["host"]["checkpoints (block inputs)"] == stored
+    assert home.traffic["pcie_to_gpu"] - base.traffic["pcie_to_gpu"] == stored
+    assert home.traffic["pcie_to_host"] - base.traffic["pcie_to_host"] == stored
+    assert "checkpoints: every block's input in host RAM" in str(home) and home.summary()["host_checkpoints"]
+    assert not nt.plan(model, batch=32, seq=1024, **H200).host_checkpoints  # fits without: not taken
+    big = nt.plan(model, batch=96, seq=1024, **H200)
+    assert big.host_checkpoints and "no placement fits with them on the GPU" in str(big)
+    assert big.bytes("gpu") <= H200["gpu_memory"] and big.bytes("host") <= H200["host_memory"]
+    with pytest.raises(nt.InsufficientMemoryError):
+        nt.plan(model, batch=96, seq=1024, host_checkpoints=False, **H200)
+    with pytest.raises(ValueError, match="checkpointing=False"):
+        nt.plan(model, batch=8, seq=1024, host_checkpoints=True, checkpointing=False, **H200)
+    if not torch.cuda.is_available():  # this machine's capacity has no GPU tier
+        with pytest.raises(ValueError, match="GPU tier"):
+            nt.plan(model, batch=8, seq=1024, host_checkpoints=True, host_memory="4TiB")
+    with pytest.raises(ValueError, match="host_checkpoints"):
+        nt.plan(model, batch=8, seq=1024, host_checkpoints="yes", **H200)
+
+
+def test_training_with_checkpoints_in_host_ram_is_bit_for_bit_the_same(device):
+    """A plan with host_checkpoints (lookahead 1, 4 blocks): in the forward the inputs of blocks 0 and 1 go to host
+    RAM (memory node 0) once the GPU is past them, in the backward every block's input is fetched back ahead of its
+    recompute (on a CPU-only machine to node 0 as well: the same calls); the losses and weights are those of the same
+    choices made by hand without the hooks."""
+    import warnings
+    plan = nt.plan(gpt2(n_layer=4), batch=4, seq=37, precision="bf16", gpu_memory="1GiB", host_blocks=0,
+                   checkpointing=True, host_checkpoints=True, lookahead=1)
+    assert plan.host_checkpoints and not plan.beyond_gpu
+    ours = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37, plan=plan)
+    streamer = ours._nntile_streamer
+    if device == "cpu":
+        streamer.nodes = [0]
+    twin = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37)
+    twin.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        opt = nt.optim.AdamW(ours.parameters(), lr=1e-3, plan=plan)
+        opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-3, **plan.adamw_kwargs(twin.parameters()))
+    assert _train(ours, opt, device=device) == _train(twin, opt_t, device=device)
+    for (n, a), b in zip(ours.named_parameters(), twin.parameters()):
+        assert torch.equal(a.materialize(), b.materialize()), n
+    gpus = 1 if device == "cpu" else len(nt._C.cuda_memory_nodes())
+    assert streamer.checkpoint_moves == 3 * (2 + 4 * gpus)  # per step: 2 inputs to host RAM, 4 fetched back
+
+
 def test_offload_fraction_takes_the_last_parameters():
     model = nt.convert(gpt2(n_layer=4), tile_size=384, batch_tile_size=37)
     opt = nt.optim.AdamW(model.parameters(), offload=0.3)
