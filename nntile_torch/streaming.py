@@ -45,6 +45,11 @@ def _first_tile_tensor(value):
     return None
 
 
+def _live(ref):
+    """What a weakref (or None) points to, if it is still alive."""
+    return ref() if ref is not None else None
+
+
 def _in_backward():
     return torch._C._current_graph_task_id() != -1
 
@@ -146,13 +151,11 @@ class Streamer:
 
     def _offload_input(self, done):
         """Copies block `done`'s input to host RAM, and marks the one before it won't-use (copied a block ago)."""
-        ref = self.inputs.get(done)
-        tiles = ref() if ref is not None else None
+        tiles = _live(self.inputs.get(done))
         if tiles is not None:
             tiles.prefetch(self.host_node)
             self.checkpoint_moves += 1
-        ref = self.inputs.get(done - 1)
-        tiles = ref() if ref is not None else None
+        tiles = _live(self.inputs.get(done - 1))
         if tiles is not None:
             tiles.wont_use()
 
@@ -160,8 +163,7 @@ class Streamer:
         """Fetches the inputs of these blocks back to every GPU, ahead of their recompute in the backward."""
         nodes = _C.cuda_memory_nodes() if self.nodes is None else self.nodes
         for j in blocks:
-            ref = self.inputs.pop(j, None)
-            tiles = ref() if ref is not None else None
+            tiles = _live(self.inputs.pop(j, None))
             if tiles is None:
                 continue
             for node in nodes:
@@ -170,8 +172,7 @@ class Streamer:
 
     @staticmethod
     def _wait(marks, i):
-        ref = marks.pop(i, None)
-        tiles = ref() if ref is not None else None
+        tiles = _live(marks.pop(i, None))
         if tiles is not None:
             tiles.wait_written()
 
