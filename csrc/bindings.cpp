@@ -2,6 +2,7 @@
 #include <starpu.h>
 #include <torch/extension.h>
 
+#include "kernels/attention.h"
 #include "ops/ops.h"
 #include "runtime.h"
 #include "stall_advice.h"
@@ -109,6 +110,7 @@ PYBIND11_MODULE(_C, m) {
         return w;
     });
     m.def("info", &info);
+    m.def("attention_forwards", &kernels::attention_forwards);
     m.def("tasks_submitted", &tasks_submitted);
     m.def("tasks_pending", [] { return starpu_task_nsubmitted(); });
     m.def("cuda_memory_nodes", [] {  // the memory node of each GPU that runs CUDA workers, in worker order

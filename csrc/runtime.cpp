@@ -97,8 +97,12 @@ void read_settings() {
         std::lock_guard<std::mutex> lock(settings_mutex);
         host_homes_env = homes ? homes : "";
     }
-    const char *flash = std::getenv("NNTILE_FLASH_ATTENTION");
-    kernels::set_flash_attention(flash && std::string(flash) == "1");
+    const char *attention = std::getenv("NNTILE_ATTENTION");
+    const std::string a = attention ? attention : "";
+    kernels::set_attention_backend(a == "flash"       ? kernels::kFlash
+                                   : a == "efficient" ? kernels::kEfficient
+                                   : a == "cudnn"     ? kernels::kCudnn
+                                                      : -1);
 }
 
 // StarPU 1.3.10 throttles submission (task.c, starpu_task_submit) only when both variables are set (it asserts they

@@ -81,9 +81,26 @@ def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, di
                              f"{free / 2**30:.1f} GiB free in {disk_path!r}")
     if args["ncpus"] == 0 and args["ncuda"] == 0:
         raise ValueError("at least one worker is needed (got ncpus=0 and ncuda=0)")
+    attention = os.environ.get("NNTILE_ATTENTION", "")
+    if attention not in ATTENTION_KERNELS:
+        raise ValueError(f"NNTILE_ATTENTION must be one of {', '.join(k for k in ATTENTION_KERNELS if k)} "
+                         f"(got {attention!r}); unset, bf16 attention on GPUs uses the kernel torch's "
+                         "scaled_dot_product_attention picks")
     if args["ncuda"] > 0 and not _C.built_with_cuda:
         raise ValueError(f"ncuda={ncuda} asked for, but nntile_torch was built without CUDA")
     return args
+
+
+# NNTILE_ATTENTION (read by init): bf16 causal attention on GPUs with torch's choice of fused kernel ("" or "auto",
+# cuDNN's on the H200), or with the one named (an A/B between them in one call; csrc/kernels/attention.cpp).
+ATTENTION_KERNELS = ("", "auto", "cudnn", "flash", "efficient")
+
+
+def attention_forwards():
+    """Attention forward passes (the backward's recomputations included) per fused kernel since the process
+    started: {"flash": n, "efficient": n, "cudnn": n, "cpu": n}."""
+    n = _C.attention_forwards()
+    return {"flash": n[1], "efficient": n[2], "cudnn": n[3], "cpu": n[4]}
 
 
 def default_host_memory_limit(total=None):

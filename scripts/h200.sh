@@ -94,7 +94,7 @@ for step in "$@"; do
       python3 -m benchmarks.report /tmp/bench_mg 2>&1 | tail -12
       tar czf "$OUT/bench_multigpu.tgz" -C /tmp/bench_mg . ; rc=0 ;;
     profile)  # where a converted step's time goes; PROFILE_ARGS: benchmarks.profile_step arguments, runs joined by ';',
-              # each optionally led by VAR=value settings for that run (A/B in one call: "--config xl;NNTILE_FLASH_ATTENTION=0 --config xl")
+              # each optionally led by VAR=value settings for that run (A/B in one call: "--config xl;NNTILE_ATTENTION=efficient --config xl")
       IFS=';' read -ra runs <<< "${PROFILE_ARGS:---config xl}"; i=0
       for r in "${runs[@]}"; do
         i=$((i + 1)); echo "== profile $i: $r" | tee -a "$OUT/profile.log"

@@ -150,6 +150,44 @@ def test_causal_attention_in_bf16_no_worse_than_torch_in_bf16(device):
     assert max_err(out[True][0], y64) > 10 * max_err(out[False][0], y64)
 
 
+def test_bf16_attention_runs_the_kernel_torch_would_pick(device):
+    """bf16 causal attention on a GPU runs the fused kernel torch's own scaled_dot_product_attention picks for the
+    same tensors (torch._fused_sdp_choice: cuDNN's on the H200, where the memory-efficient one took 4x its time),
+    forward and backward, with torch's accuracy; on CPUs, the CPU flash kernel. GPT-2 XL's head size and a
+    sequence long enough for every kernel."""
+    from nntile_torch.functional import CausalAttentionFunction
+    from nntile_torch.runtime import attention_forwards
+    b, t, heads, hd = 2, 256, 4, 64
+    c = heads * hd
+    torch.manual_seed(5)
+    qkv = torch.randn(b, t, 3 * c, device=device)
+    gy = torch.randn(b, t, c, device=device)
+    scale = 1 / hd ** 0.5
+    before = attention_forwards()
+    tiled = nt.TileTensor.from_dense(qkv, (t, 3 * c), (b * t, 3 * c))
+    tiled.requires_grad_(True)
+    y = CausalAttentionFunction.apply(tiled, heads, scale, True)
+    (g,) = torch.autograd.grad(y, tiled, gy)
+    y, g = y.materialize(), g.materialize()  # waits for the tasks
+    after = attention_forwards()
+    used = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+    if device == "cpu":
+        expected = "cpu"
+    else:
+        q, k, v = (u.reshape(b, t, heads, hd).transpose(1, 2).bfloat16() for u in qkv.split(c, dim=2))
+        choice = torch._fused_sdp_choice(q, k, v, is_causal=True, scale=scale)
+        expected = {1: "flash", 3: "cudnn"}.get(choice, "efficient")
+    assert used == {expected: 2 * b}, used  # per sequence tile: the forward and the backward's recomputation
+    x = qkv.clone().requires_grad_(True)
+    yr = sdpa_reference(x.bfloat16(), heads, scale).float()
+    (gr,) = torch.autograd.grad(yr, x, gy)
+    x64 = qkv.double().requires_grad_(True)
+    y64 = sdpa_reference(x64, heads, scale)
+    (g64,) = torch.autograd.grad(y64, x64, gy.double())
+    assert_close_as_torch(y, yr, y64, what="bf16 output")
+    assert_close_as_torch(g, gr, g64, what="bf16 grad qkv")
+
+
 def test_embedding_matches_torch(device):
     torch.manual_seed(0)
     ref = torch.nn.Embedding(1000, 53, device=device)

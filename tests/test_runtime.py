@@ -91,6 +91,12 @@ def test_bad_init_arguments(kwargs, match):
         nt.init(**kwargs)
 
 
+def test_unknown_attention_kernel_setting_raises(monkeypatch):
+    monkeypatch.setenv("NNTILE_ATTENTION", "fastest")
+    with pytest.raises(ValueError, match="NNTILE_ATTENTION must be one of auto, cudnn, flash, efficient"):
+        nt.init()
+
+
 def test_disk_limit_beyond_the_free_space_raises(tmp_path):
     free = shutil.disk_usage(tmp_path).free
     with pytest.raises(ValueError, match=r"disk_limit .* GiB is more than the .* GiB free in"):

@@ -133,7 +133,7 @@ char *getenv(const char *name) {
 
 
 def test_no_getenv_of_nntile_settings_off_the_main_thread(tmp_path):
-    """The settings nntile reads while tasks run (the watchdog's delay, NNTILE_HOST_HOMES, NNTILE_FLASH_ATTENTION)
+    """The settings nntile reads while tasks run (the watchdog's delay, NNTILE_HOST_HOMES, NNTILE_ATTENTION)
     are read once by init, on its thread: a getenv on a worker, watchdog or monitor thread races any setenv in the
     process (the runtime's own at init and shutdown, os.environ's), and glibc's setenv may free the array getenv
     walks. The host-wait monitor thread called getenv on every wait. (StarPU's patched NNTILE_DROP_HOST_COPIES,

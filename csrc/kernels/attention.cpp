@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <tuple>
 
 namespace nntile::kernels {
@@ -41,28 +42,41 @@ at::Tensor unpad(const at::Tensor &x, int64_t hd) { return x.transpose(1, 2).nar
 // Output (nseq, nheads, seq, hd) and what the backward needs.
 struct Forward {
     at::Tensor out, logsumexp, philox_seed, philox_offset;
-    bool flash = false;  // computed by the flash kernel (its backward then), else the memory-efficient one
+    int backend = kEfficient;  // the fused kernel that computed it (its backward then)
     at::Tensor cum_seq_q, cum_seq_k;
     int64_t max_q = 0, max_k = 0;
 };
 
-// bf16 on GPUs, opt-in until measured and tested on a GPU: NNTILE_FLASH_ATTENTION=1 uses ATen's FlashAttention
-// instead of the memory-efficient kernel (the one the GPU tests and benchmarks ran). If ATen refuses it once (an
-// old GPU, a build without it), the memory-efficient kernel is used from then on, with one line on stderr.
-// The switch is set by the runtime at its start (set_flash_attention), on the main thread: a getenv here, on a
-// worker thread, would race any setenv of the process's other threads.
-std::atomic<bool> flash_ok{true};
-std::atomic<bool> flash_enabled{false};
+// bf16 on GPUs: the fused kernel torch's own scaled_dot_product_attention picks for these tensors
+// (at::_fused_sdp_choice: cuDNN's on the H200 with torch 2.11, FlashAttention or the memory-efficient one
+// elsewhere), or the one NNTILE_ATTENTION names (read by the runtime at its start: set_attention_backend). The
+// memory-efficient kernel took 63 of 444 ms of a GPT-2 XL step on the H200, torch's cuDNN one 15 of 312 (FSDP1).
+// A kernel ATen refuses once (an old GPU, a build without it, a layout it rejects) is not tried again: the
+// memory-efficient one from then on, with one line on stderr. fp32 and masks: the memory-efficient kernel.
+std::atomic<int> setting{-1};  // -1 auto, else kFlash / kEfficient / kCudnn
+std::atomic<bool> refused[4] = {false, false, false, false};
+std::atomic<int64_t> forwards[5] = {0, 0, 0, 0, 0};  // per kernel (index kCpu for the CPU's), for tests
 
-bool use_flash(const Where &w, const at::Tensor &q) {
-    if (!w.cuda || q.scalar_type() != at::kBFloat16 || !flash_ok.load()) return false;
-    return flash_enabled.load(std::memory_order_relaxed);
+int choose(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, float scale,
+           bool causal) {
+    if (!w.cuda) return kCpu;
+    if (!causal || q.scalar_type() != at::kBFloat16) return kEfficient;
+    int b = setting.load(std::memory_order_relaxed);
+    if (b < 0) {
+        try {
+            b = (int)at::_fused_sdp_choice(q, k, v, std::nullopt, 0.0, /*is_causal=*/true, (double)scale);
+        } catch (const c10::Error &) {
+            b = kEfficient;
+        }
+    }
+    if ((b != kFlash && b != kCudnn) || refused[b].load()) return kEfficient;
+    return b;
 }
 
-void flash_failed(const char *what, const c10::Error &e) {
-    if (flash_ok.exchange(false))
-        std::fprintf(stderr, "nntile_torch: flash attention %s failed, using the memory-efficient kernel: %s\n", what,
-                     e.what_without_backtrace());
+void refuse(int backend, const char *what, const c10::Error &e) {
+    if (!refused[backend].exchange(true))
+        std::fprintf(stderr, "nntile_torch: %s attention %s failed, using the memory-efficient kernel: %s\n",
+                     backend == kCudnn ? "cuDNN" : "flash", what, e.what_without_backtrace());
 }
 
 // The mask (nseq * seq, seq) as the attention bias (nseq, nheads, seq, seq) each kernel takes, in q's dtype. The
@@ -82,28 +96,39 @@ Forward attend(const Where &w, const at::Tensor &q, const at::Tensor &k, const a
                const at::Tensor &bias) {
     const bool causal = !bias.defined();
     const std::optional<at::Tensor> mask = causal ? std::nullopt : std::optional<at::Tensor>(bias);
-    if (causal && use_flash(w, q)) {
+    const int backend = choose(w, q, k, v, scale, causal);
+    forwards[backend].fetch_add(1, std::memory_order_relaxed);
+    if (backend == kCudnn) {
         try {
-            auto [out, lse, cq, ck, mq, mk, rng, unused, dbg] = at::_scaled_dot_product_flash_attention(
-                q, k, v, /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, (double)scale);
-            Forward f{out, lse, rng, unused};
-            f.flash = true;
-            f.cum_seq_q = cq;
-            f.cum_seq_k = ck;
+            auto [out, lse, cq, ck, mq, mk, seed, offset, dbg] = at::_scaled_dot_product_cudnn_attention(
+                q, k, v, std::nullopt, /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, /*is_causal=*/true,
+                /*return_debug_mask=*/false, (double)scale);
+            Forward f{out, lse, seed, offset, kCudnn, cq, ck};
             f.max_q = mq.expect_int();
             f.max_k = mk.expect_int();
             return f;
         } catch (const c10::Error &e) {
-            flash_failed("forward", e);
+            refuse(kCudnn, "forward", e);
+        }
+    } else if (backend == kFlash) {
+        try {
+            auto [out, lse, cq, ck, mq, mk, rng, unused, dbg] = at::_scaled_dot_product_flash_attention(
+                q, k, v, /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, (double)scale);
+            Forward f{out, lse, rng, unused, kFlash, cq, ck};
+            f.max_q = mq.expect_int();
+            f.max_k = mk.expect_int();
+            return f;
+        } catch (const c10::Error &e) {
+            refuse(kFlash, "forward", e);
         }
     }
     if (w.cuda) {
         auto [out, lse, seed, offset] = at::_scaled_dot_product_efficient_attention(
             q, k, v, mask, /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, causal, (double)scale);
-        return {out, lse, seed, offset};
+        return {out, lse, seed, offset, kEfficient};
     }
     auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, mask, (double)scale);
-    return {out, lse, {}, {}};
+    return {out, lse, {}, {}, kCpu};
 }
 }  // namespace
 
@@ -130,13 +155,24 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
     if (bf16) g = g.to(at::kBFloat16);
     g = (hp == hd ? g : at::constant_pad_nd(g, {0, hp - hd})).transpose(1, 2);
     at::Tensor gq, gk, gv;
-    if (f.flash) {
+    if (f.backend == kCudnn) {
+        try {
+            auto g_like_out = at::empty_like(f.out);  // cuDNN reads the output's gradient with the output's strides
+            g_like_out.copy_(g);
+            std::tie(gq, gk, gv) = at::_scaled_dot_product_cudnn_attention_backward(
+                g_like_out, q, k, v, f.out, f.logsumexp, f.philox_seed, f.philox_offset, at::Tensor(), f.cum_seq_q,
+                f.cum_seq_k, f.max_q, f.max_k, 0.0, /*is_causal=*/true, (double)scale);
+        } catch (const c10::Error &e) {
+            refuse(kCudnn, "backward", e);
+            f = attend(w, q, k, v, scale, bias);  // memory-efficient from now on
+        }
+    } else if (f.backend == kFlash) {
         try {
             std::tie(gq, gk, gv) = at::_scaled_dot_product_flash_attention_backward(
                 g, q, k, v, f.out, f.logsumexp, f.cum_seq_q, f.cum_seq_k, f.max_q, f.max_k, 0.0, /*is_causal=*/true,
                 f.philox_seed, f.philox_offset, (double)scale);
         } catch (const c10::Error &e) {
-            flash_failed("backward", e);
+            refuse(kFlash, "backward", e);
             f = attend(w, q, k, v, scale, bias);  // memory-efficient from now on
         }
     }
@@ -154,6 +190,12 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
     out.select(2, 2).copy_(unpad(gv, hd));
 }
 
-void set_flash_attention(bool enabled) { flash_enabled.store(enabled); }
+void set_attention_backend(int backend) { setting.store(backend); }
+
+std::array<int64_t, 5> attention_forwards() {
+    std::array<int64_t, 5> n;
+    for (int i = 0; i < 5; ++i) n[i] = forwards[i].load();
+    return n;
+}
 
 }  // namespace nntile::kernels

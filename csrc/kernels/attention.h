@@ -1,5 +1,5 @@
-// Multi-head self-attention on a tile of whole sequences, with ATen's fused kernels (flash /
-// memory-efficient on GPUs): no seq x seq score matrix per head is kept.
+// Multi-head self-attention on a tile of whole sequences, with ATen's fused kernels (cuDNN's, flash or
+// memory-efficient on GPUs, the one torch's scaled_dot_product_attention would pick): no seq x seq score matrix per head is kept.
 // qkv: row-major (nseq * seq, 3 * c), each row [q | k | v], heads of hd = c / nheads contiguous inside each;
 // y: (nseq * seq, c) with heads side by side (what GPT-2's c_proj reads).
 // mask: nullptr for causal attention, else an additive float bias (nseq * seq, seq): row s * seq + i holds query
@@ -8,6 +8,7 @@
 // bf16: q, k, v (and the output gradient) are rounded to bfloat16 and the kernel runs in bfloat16 with float32
 // softmax statistics, as torch does under bf16 autocast; results are written back as float32.
 #pragma once
+#include <array>
 #include <cstdint>
 
 #include "aten_tile.h"
@@ -19,7 +20,12 @@ void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int
 // Recomputes the forward (activation recomputation) and writes dqkv (nseq * seq, 3 * c). No autograd inside.
 void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                         const float *dy, const float *qkv, const float *mask, float *dqkv);
-// Whether bf16 attention on GPUs uses ATen's FlashAttention (NNTILE_FLASH_ATTENTION=1, read by runtime_init).
-void set_flash_attention(bool enabled);
+// The fused kernels, numbered as ATen's SDPBackend numbers the GPU's (kCpu is ours: the CPU's flash kernel).
+constexpr int kFlash = 1, kEfficient = 2, kCudnn = 3, kCpu = 4;
+// bf16 causal attention on GPUs: -1 (default) the kernel torch's scaled_dot_product_attention picks, else kFlash,
+// kEfficient or kCudnn (NNTILE_ATTENTION=auto|flash|efficient|cudnn, read by runtime_init).
+void set_attention_backend(int backend);
+// Forward passes (the backward's recomputation included) per kernel since the process started, indexed as above.
+std::array<int64_t, 5> attention_forwards();
 
 }  // namespace nntile::kernels
