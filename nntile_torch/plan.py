@@ -225,7 +225,7 @@ class MemoryPlan:
     that follow and a predicted step time. Made by nt.plan(); print() it to read it."""
 
     def __init__(self, facts, batch, seq, precision, option, capacity, rates, tiers, traffic, times, lookahead,
-                 alternatives, pinned_master=False, pinned_host_checkpoints=False):
+                 alternatives, pinned_master=False):
         self.facts, self.batch, self.seq, self.precision = facts, batch, seq, precision
         self.state_dtype = option.state_dtype
         self.step_in_backward = option.step_in_backward
@@ -241,7 +241,6 @@ class MemoryPlan:
         # first to be evicted, and fetched back `lookahead` blocks ahead of its recompute in the backward
         self.host_checkpoints = option.host_checkpoints
         self.pinned_master = pinned_master  # master_dtype given to nt.plan (not chosen because fp32 fit nowhere)
-        self.pinned_host_checkpoints = pinned_host_checkpoints
         self.capacity, self.rates = capacity, rates
         self.tiers = tiers  # {"gpu": {category: bytes}, "host": {...}, "disk": {...}}
         self.traffic = traffic  # {"pcie_to_gpu": bytes, "pcie_to_host": bytes, "disk": bytes} per step
@@ -423,8 +422,7 @@ class MemoryPlan:
                          "copy)" + ("" if self.pinned_master else ": fp32 master weights fit in no placement"))
         if self.host_checkpoints:
             lines.append("  checkpoints: every block's input in host RAM, fetched back for its recompute "
-                         f"{self.lookahead} blocks ahead" + ("" if self.pinned_host_checkpoints else
-                                                            ": no placement fits with them on the GPU"))
+                         f"{self.lookahead} blocks ahead (host_checkpoints=True)")
         caps = {"gpu": cap.gpu_bytes, "host": cap.host_bytes, "disk": cap.disk_bytes}
         lines.append(f"  {'tier':<5} {'what':<34} {'GiB':>8}")
         for tier in ("gpu", "host", "disk"):
@@ -596,8 +594,9 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     forward and recompute) instead of kept between steps, 2 bytes per parameter of GPU memory less;
     bf16_per_use=False keeps them (the same values either way). With checkpointing and a GPU, the blocks' inputs (what
     checkpointing keeps, 4 x width bytes per token and block) can be homed in host RAM, each copied there once the
-    GPU is past its block and fetched back ahead of its recompute: the plan does so only when no placement fits
-    otherwise (not even with bf16 master weights); host_checkpoints=True / False pins it (the same values either way).
+    GPU is past its block and fetched back ahead of its recompute: host_checkpoints=True asks for it (the same
+    values either way); the plan does not choose it by itself (it stalled in the one GPU run that needed it, 13B at
+    batch 96 on the H200), but the error names it when it would make the model fit.
     Raises InsufficientMemoryError, within milliseconds and before anything is allocated, when none fits, saying how
     many bytes are missing where and what would make it fit."""
     from .config import check_precision
@@ -688,22 +687,25 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
         return considered, feasible
 
     bf16_possible = precision == "bf16" and state_dtype != torch.float32 and facts.n_layer
-    # The exact placements first; then bf16 master weights; then checkpoints in host RAM (exact, but not measured on
-    # the rows the bf16 masters were: they come last so that those keep their measured plans)
+    # The exact placements first; then bf16 master weights; checkpoints in host RAM only when asked for
     hc_first = [True] if host_checkpoints else [False]
     considered, feasible = search(choices(master_dtype, [torch.float32]), hc_first)
     if not feasible and master_dtype is None and bf16_possible:  # fp32 master weights fit nowhere: bf16 ones
         more, feasible = search([torch.bfloat16], hc_first)
         considered += more
-    if not feasible and host_checkpoints is None and cap.gpu_bytes and checkpointing is not False and facts.n_layer:
-        masters = choices(master_dtype, [torch.float32] + ([torch.bfloat16] if bf16_possible else []))
-        more, feasible = search(masters, [True])
-        considered += more
     if not considered:
         raise ValueError("no placement has the pinned choices (host_blocks, host_update, cpu_update_blocks): "
                          f"{host_blocks}, {host_update}, {cpu_update_blocks}")
     if not feasible:
-        raise InsufficientMemoryError(*_explain(facts, batch, seq, considered, cap, bf16_possible and master_dtype is None))
+        # Checkpoints in host RAM are not taken by default: the one run that needed them (13B at batch 96 on the
+        # H200, benchmarks/results/h200/capacity_v1) stalled in its first step with the GPU full of freed
+        # activation buffers. The error names them when they would make it fit by the arithmetic.
+        hc_fits = False
+        if host_checkpoints is None and cap.gpu_bytes and checkpointing is not False and facts.n_layer:
+            masters = choices(master_dtype, [torch.float32] + ([torch.bfloat16] if bf16_possible else []))
+            hc_fits = bool(search(masters, [True])[1])
+        raise InsufficientMemoryError(*_explain(facts, batch, seq, considered, cap, bf16_possible and master_dtype is None,
+                                                hc_fits))
 
     def slack(tiers):
         """The smaller free share of the GPU and host tiers: room for what the arithmetic does not see."""
@@ -724,11 +726,10 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     best = feasible[0]
     alternatives = [(o, t["step_s"]) for o, _, _, t in feasible[1:6]]  # the next ones in that order
     return MemoryPlan(facts, batch, seq, precision, best[0], cap, rates, best[1], best[2], best[3], lookahead,
-                      alternatives, pinned_master=master_dtype is not None,
-                      pinned_host_checkpoints=host_checkpoints is not None)
+                      alternatives, pinned_master=master_dtype is not None)
 
 
-def _explain(facts, batch, seq, considered, cap, tried_bf16_masters=False):
+def _explain(facts, batch, seq, considered, cap, tried_bf16_masters=False, host_checkpoints_fit=False):
     """The message and missing bytes of the option closest to fitting."""
     def shortfall(entry):
         return sum(entry[2].values())
@@ -745,6 +746,9 @@ def _explain(facts, batch, seq, considered, cap, tried_bf16_masters=False):
         fixes.append("master_dtype=torch.bfloat16 (precision 'bf16': 4 bytes per matmul weight less)")
     if not opt.checkpointing:
         fixes.append("activation checkpointing")
+    if host_checkpoints_fit:
+        fixes.append("host_checkpoints=True (checkpointing's block inputs in host RAM; experimental: it stalled at "
+                     "13B batch 96 on the H200)")
     if "host" in missing:
         fixes.append(f"a disk node (nt.init(disk_path=..., disk_limit=...)) of at least "
                      f"{(missing['host'] + cap.disk_bytes) / GiB:.0f} GiB, or a larger host_memory_limit")
