@@ -27,8 +27,9 @@ import tempfile
 import threading
 import time
 
-KINDS = (("optimizer", ("adamw",)), ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas")),
-         ("attention", ("flash", "fmha", "attention", "sdpa")))
+# attention before matmul: ATen's memory-efficient attention kernels are named fmha_cutlass...
+KINDS = (("optimizer", ("adamw",)), ("attention", ("flash", "fmha", "attention", "sdpa")),
+         ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas")))
 
 
 def kernel_kind(name):

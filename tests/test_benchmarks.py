@@ -106,6 +106,11 @@ def test_timeline_summary(tmp_path):
     plot(s, str(tmp_path / "t.png"))
     assert (tmp_path / "t.png").stat().st_size > 1000
     assert "error" in summarize([ev("cpu_op", "x", 0, 1)])
+    # ATen's memory-efficient attention kernels carry "cutlass" in their names: attention, not matmul
+    s = summarize([ev("kernel", "fmha_cutlassB_bf16_aligned_64x64_k64_sm80", 0, 10),
+                   ev("kernel", "cudnn_generated_fort_native_sdpa_sm90_flash_bprop", 10, 5),
+                   ev("kernel", "cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn", 15, 5)], bucket_s=0.05)
+    assert s["kernel_s_by_kind"] == pytest.approx({"attention": 0.015, "matmul": 0.005})
 
 
 def test_timeline_cpu_lanes(tmp_path):
