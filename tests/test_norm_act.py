@@ -97,6 +97,17 @@ def sdpa_reference(qkv, heads, scale):
         .transpose(1, 2).reshape(b, t, c)
 
 
+def bf16_and_float64_references(qkv, gy, heads, scale):
+    """torch's sdpa on bfloat16 inputs and in float64: outputs and gradients of qkv (y, g, y64, g64)."""
+    x = qkv.clone().requires_grad_(True)
+    yr = sdpa_reference(x.bfloat16(), heads, scale).float()
+    (gr,) = torch.autograd.grad(yr, x, gy)
+    x64 = qkv.double().requires_grad_(True)
+    y64 = sdpa_reference(x64, heads, scale)
+    (g64,) = torch.autograd.grad(y64, x64, gy.double())
+    return yr, gr, y64, g64
+
+
 @pytest.mark.parametrize("b,t,heads,hd,rows", [(3, 37, 6, 16, 37), (4, 9, 2, 5, 18)],
                          ids=["3x37,6 heads,one seq per tile", "4x9,2 heads,two seqs per tile"])
 def test_causal_attention_matches_torch(device, b, t, heads, hd, rows):
@@ -139,12 +150,7 @@ def test_causal_attention_in_bf16_no_worse_than_torch_in_bf16(device):
         y = CausalAttentionFunction.apply(tiled, heads, scale, bf16)
         (g,) = torch.autograd.grad(y, tiled, gy)
         out[bf16] = (y.materialize(), g.materialize())
-    x = qkv.clone().requires_grad_(True)
-    yr = sdpa_reference(x.bfloat16(), heads, scale).float()
-    (gr,) = torch.autograd.grad(yr, x, gy)
-    x64 = qkv.double().requires_grad_(True)
-    y64 = sdpa_reference(x64, heads, scale)
-    (g64,) = torch.autograd.grad(y64, x64, gy.double())
+    yr, gr, y64, g64 = bf16_and_float64_references(qkv, gy, heads, scale)
     assert_close_as_torch(out[True][0], yr, y64, what="bf16 output")
     assert_close_as_torch(out[True][1], gr, g64, what="bf16 grad qkv")
     assert max_err(out[True][0], y64) > 10 * max_err(out[False][0], y64)
@@ -178,12 +184,7 @@ def test_bf16_attention_runs_the_kernel_torch_would_pick(device):
         choice = torch._fused_sdp_choice(q, k, v, is_causal=True, scale=scale)
         expected = {1: "flash", 3: "cudnn"}.get(choice, "efficient")
     assert used == {expected: 2 * b}, used  # per sequence tile: the forward and the backward's recomputation
-    x = qkv.clone().requires_grad_(True)
-    yr = sdpa_reference(x.bfloat16(), heads, scale).float()
-    (gr,) = torch.autograd.grad(yr, x, gy)
-    x64 = qkv.double().requires_grad_(True)
-    y64 = sdpa_reference(x64, heads, scale)
-    (g64,) = torch.autograd.grad(y64, x64, gy.double())
+    yr, gr, y64, g64 = bf16_and_float64_references(qkv, gy, heads, scale)
     assert_close_as_torch(y, yr, y64, what="bf16 output")
     assert_close_as_torch(g, gr, g64, what="bf16 grad qkv")
 
