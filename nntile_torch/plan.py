@@ -704,8 +704,8 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
         if host_checkpoints is None and cap.gpu_bytes and checkpointing is not False and facts.n_layer:
             masters = choices(master_dtype, [torch.float32] + ([torch.bfloat16] if bf16_possible else []))
             hc_fits = bool(search(masters, [True])[1])
-        raise InsufficientMemoryError(*_explain(facts, batch, seq, considered, cap, bf16_possible and master_dtype is None,
-                                                hc_fits))
+        raise InsufficientMemoryError(*_explain(facts, batch, seq, considered, cap,
+                                                bf16_possible and master_dtype is None, hc_fits))
 
     def slack(tiers):
         """The smaller free share of the GPU and host tiers: room for what the arithmetic does not see."""

@@ -1,5 +1,5 @@
-// Multi-head self-attention on a tile of whole sequences, with ATen's fused kernels (cuDNN's, flash or
-// memory-efficient on GPUs, the one torch's scaled_dot_product_attention would pick): no seq x seq score matrix per head is kept.
+// Multi-head self-attention on a tile of whole sequences, with ATen's fused kernels (on GPUs cuDNN's, flash or
+// memory-efficient: the one torch's scaled_dot_product_attention would pick): no seq x seq score matrix is kept.
 // qkv: row-major (nseq * seq, 3 * c), each row [q | k | v], heads of hd = c / nheads contiguous inside each;
 // y: (nseq * seq, c) with heads side by side (what GPT-2's c_proj reads).
 // mask: nullptr for causal attention, else an additive float bias (nseq * seq, seq): row s * seq + i holds query
