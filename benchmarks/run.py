@@ -518,6 +518,11 @@ def parse_args(argv=None):
             ap.error(f"--{k} must be positive (got {getattr(args, k)})")
     if args.warmup < 0:
         ap.error(f"--warmup must be >= 0 (got {args.warmup})")
+    if args.mode == "capacity" and args.warmup + args.steps < 2:
+        # the first step allocates the optimizer's state after the backward has freed the activations: only the
+        # second holds state, gradients and activations together (plain torch "fitted" 6.7B on the H200 in 1 step)
+        ap.error("--mode capacity needs at least 2 steps, warm-up included: only the second holds the optimizer's "
+                 "state, the gradients and the activations together")
     try:
         args.pairs = parse_backends(args.backend, args.variant.split(",") if args.variant else None)
     except ValueError as e:

@@ -101,6 +101,14 @@ def test_capacity_search_stops_at_the_first_failure(bench):
     assert "capacity torch:plain tf32: tiny" in bench["cap_stdout"]
 
 
+def test_capacity_needs_two_steps():
+    from benchmarks.run import parse_args
+    with pytest.raises(SystemExit):
+        parse_args(["--mode", "capacity", "--warmup", "0", "--steps", "1"])
+    assert parse_args(["--mode", "capacity", "--warmup", "1", "--steps", "1"]).steps == 1
+    assert parse_args(["--warmup", "0", "--steps", "1"]).steps == 1  # throughput: any count
+
+
 def test_report_writes_table_and_plots(bench):
     out = bench["out"]
     stdout = harness("benchmarks.report", str(out), cwd=out)
