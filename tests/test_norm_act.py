@@ -97,6 +97,17 @@ def sdpa_reference(qkv, heads, scale):
         .transpose(1, 2).reshape(b, t, c)
 
 
+def tiled_attention(qkv, gy, heads, scale, bf16):
+    """nntile's causal attention on qkv (b, t, 3c), one sequence per tile: output and gradient of qkv, dense."""
+    from nntile_torch.functional import CausalAttentionFunction
+    b, t, c3 = qkv.shape
+    tiled = nt.TileTensor.from_dense(qkv, (t, c3), (b * t, c3))
+    tiled.requires_grad_(True)
+    y = CausalAttentionFunction.apply(tiled, heads, scale, bf16)
+    (g,) = torch.autograd.grad(y, tiled, gy)
+    return y.materialize(), g.materialize()  # waits for the tasks
+
+
 def bf16_and_float64_references(qkv, gy, heads, scale):
     """torch's sdpa on bfloat16 inputs and in float64: outputs and gradients of qkv (y, g, y64, g64)."""
     x = qkv.clone().requires_grad_(True)
@@ -135,7 +146,6 @@ def test_causal_attention_in_bf16_no_worse_than_torch_in_bf16(device):
     """bf16=True: q, k, v and the output gradient rounded to bfloat16, the kernel in bfloat16 (what torch does under
     bf16 autocast). Output and gradient no further from the float64 result than twice torch's sdpa on bfloat16
     inputs, and really in bfloat16 (further from float64 than the float32 kernel)."""
-    from nntile_torch.functional import CausalAttentionFunction
     b, t, heads, hd = 2, 45, 3, 24
     c = heads * hd
     torch.manual_seed(3)
@@ -143,13 +153,7 @@ def test_causal_attention_in_bf16_no_worse_than_torch_in_bf16(device):
     gy = torch.randn(b, t, c, device=device)
     scale = 1 / hd ** 0.5
 
-    out = {}
-    for bf16 in (False, True):
-        tiled = nt.TileTensor.from_dense(qkv, (t, 3 * c), (b * t, 3 * c))
-        tiled.requires_grad_(True)
-        y = CausalAttentionFunction.apply(tiled, heads, scale, bf16)
-        (g,) = torch.autograd.grad(y, tiled, gy)
-        out[bf16] = (y.materialize(), g.materialize())
+    out = {bf16: tiled_attention(qkv, gy, heads, scale, bf16) for bf16 in (False, True)}
     yr, gr, y64, g64 = bf16_and_float64_references(qkv, gy, heads, scale)
     assert_close_as_torch(out[True][0], yr, y64, what="bf16 output")
     assert_close_as_torch(out[True][1], gr, g64, what="bf16 grad qkv")
@@ -161,7 +165,6 @@ def test_bf16_attention_runs_the_kernel_torch_would_pick(device):
     same tensors (torch._fused_sdp_choice: cuDNN's on the H200, where the memory-efficient one took 4x its time),
     forward and backward, with torch's accuracy; on CPUs, the CPU flash kernel. GPT-2 XL's head size and a
     sequence long enough for every kernel."""
-    from nntile_torch.functional import CausalAttentionFunction
     from nntile_torch.runtime import attention_forwards
     b, t, heads, hd = 2, 256, 4, 64
     c = heads * hd
@@ -170,11 +173,7 @@ def test_bf16_attention_runs_the_kernel_torch_would_pick(device):
     gy = torch.randn(b, t, c, device=device)
     scale = 1 / hd ** 0.5
     before = attention_forwards()
-    tiled = nt.TileTensor.from_dense(qkv, (t, 3 * c), (b * t, 3 * c))
-    tiled.requires_grad_(True)
-    y = CausalAttentionFunction.apply(tiled, heads, scale, True)
-    (g,) = torch.autograd.grad(y, tiled, gy)
-    y, g = y.materialize(), g.materialize()  # waits for the tasks
+    y, g = tiled_attention(qkv, gy, heads, scale, True)
     after = attention_forwards()
     used = {k: after[k] - before[k] for k in after if after[k] != before[k]}
     if device == "cpu":
