@@ -129,16 +129,17 @@ if cuda:
     have_toolkit_cublas = glob.glob(os.path.join(cpp_extension.CUDA_HOME or "", "lib64", "libcublas.so*"))
     if not have_toolkit_cublas and lib:
         include_dirs += inc
-        # Link against the wheel's versioned library; at run time torch has already loaded it.
+        # Link against the wheel's versioned libraries; at run time torch has already loaded them.
         shim = os.path.join(here, "build", "cublas_shim")
         os.makedirs(shim, exist_ok=True)
-        target = sorted(glob.glob(os.path.join(lib[0], "libcublas.so.*")))[0]
-        link = os.path.join(shim, "libcublas.so")
-        if os.path.lexists(link):
-            os.remove(link)
-        os.symlink(target, link)
+        for name in ("libcublas", "libcublasLt"):
+            target = sorted(glob.glob(os.path.join(lib[0], name + ".so.*")))[0]
+            link = os.path.join(shim, name + ".so")
+            if os.path.lexists(link):
+                os.remove(link)
+            os.symlink(target, link)
         library_dirs.append(shim)
-    libraries.append("cublas")
+    libraries += ["cublas", "cublasLt"]
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", default_cuda_arch_list())
     extra["nvcc"] = ["-O3", "-std=c++20", f"-Xcompiler=-fmacro-prefix-map={here}/="] + ["-I" + d for d in inc]
     Ext = cpp_extension.CUDAExtension

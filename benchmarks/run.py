@@ -485,7 +485,8 @@ def parse_args(argv=None):
                     help="where the dense model is built before sharding/conversion (auto: GPU if it fits; for "
                     "nntile, meta when its fp32 weights pass 20%% of the GPU: module by module into tiles)")
     g = ap.add_argument_group("nntile")
-    g.add_argument("--tile-size", type=int, help="weight tile edge in elements (default max(1024, 3 x width))")
+    g.add_argument("--tile-size", type=int,
+                   help="weight tile edge in elements (default: nntile_torch.config.weight_tile, 3 or 4 x width)")
     g.add_argument("--batch-tile-size", type=int,
                    help="rows per activation tile (default: whole sequences; one per tile on CPUs, on GPUs the "
                         "batch split once per GPU)")

@@ -217,9 +217,9 @@ def setup_nntile(spec, cuda, rank, world):
         dev0 = "meta"  # built module by module into tiles: a dense copy beside the tiles would crowd StarPU out
     device = "cuda" if cuda else "cpu"  # the tile modules' home: inputs go there (StarPU places tasks on every GPU)
     width = hf_config(spec["config"], spec["seq"]).n_embd
-    # Defaults as the training CLI: weight tiles hold 3 x width (LayerNorm and attention need whole rows in one
-    # tile to stay tile tasks), activation tiles whole sequences (on GPUs the batch split once per place).
-    tile = o["tile_size"] or max(1024, 3 * width)
+    # Defaults as the training CLI (config.weight_tile, config.rows_per_tile): weight tiles of 3 or 4 x width,
+    # activation tiles whole sequences (on GPUs the batch split once per place).
+    tile = o["tile_size"] or nt.config.weight_tile(width, cuda, plan is not None and plan.beyond_gpu)
     btile = o["batch_tile_size"] or nt.config.rows_per_tile(spec["batch"], spec["seq"], cuda,
                                                             nt.runtime.num_places())
     dense = build_model(spec, dev0)

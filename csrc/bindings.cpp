@@ -231,11 +231,12 @@ PYBIND11_MODULE(_C, m) {
     m.def(
         "gemm",
         [](bool ta, TileTensor &a, bool tb, TileTensor &b, TileTensor &c, float alpha, float beta,
-           const std::string &precision, bool k_over_places) {
-            ops::gemm(ta, a, tb, b, c, alpha, beta, parse_precision(precision), k_over_places);
+           const std::string &precision, bool k_over_places, TileTensor *bias) {
+            ops::gemm(ta, a, tb, b, c, alpha, beta, parse_precision(precision), k_over_places, bias);
         },
         nogil, py::arg("trans_a"), py::arg("a"), py::arg("trans_b"), py::arg("b"), py::arg("c"),
-        py::arg("alpha") = 1.f, py::arg("beta") = 0.f, py::arg("precision") = "fp32", py::arg("k_over_places") = false);
+        py::arg("alpha") = 1.f, py::arg("beta") = 0.f, py::arg("precision") = "fp32", py::arg("k_over_places") = false,
+        py::arg("bias") = nullptr);
     m.def("bias_add", &ops::bias_add, nogil, py::arg("b"), py::arg("y"));
     m.def("bias_grad", &ops::bias_grad, nogil, py::arg("dy"), py::arg("db"), py::arg("beta") = 0.f);
     m.def("add", &ops::add, nogil, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"));

@@ -152,9 +152,8 @@ class LinearFunction(torch.autograd.Function):
         else:
             wc, mode = wt, precision
         y = _C.TileTensor([m, n], [x2.tile_shape[0], wt.tile_shape[n_dim]], "float32", "linear.y")
-        _C.gemm(False, x2, not w_in_out, wc, y, 1.0, 0.0, mode)
-        if bias is not None:
-            _C.bias_add(bias.tiles, y)
+        # the bias is added by the GEMM (cuBLASLt's epilogue on GPUs)
+        _C.gemm(False, x2, not w_in_out, wc, y, 1.0, 0.0, mode, bias=None if bias is None else bias.tiles)
         if per_use:  # a copy made for this use: kept as an activation (checkpointing recomputes it)
             keep(ctx, x.device, x2, wc)
             wc = None

@@ -80,6 +80,31 @@ def test_reduced_precision_no_worse_than_torch(precision, dtype, device):
         assert_close_as_torch(a, b, c, what=f"{precision} grad {name}")
 
 
+@pytest.mark.parametrize("trans_a,trans_b", [(False, True), (False, False), (True, False)],
+                         ids=["x@W^T", "x@W", "x^T@W"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"], ids=["precision=fp32", "precision=bf16"])
+def test_gemm_adds_the_bias_once_per_row(trans_a, trans_b, precision, device):
+    # C = alpha op(A) op(B) + beta C + bias, with K over 3 tiles (the bias goes with the first only), columns of C
+    # over 4 tiles (each with its bias tile), and beta != 0 (C's old values kept): the Linear's forward GEMM
+    m, n, k, t = 13, 53, 37, 16
+    torch.manual_seed(7)
+    a = torch.randn(k, m) if trans_a else torch.randn(m, k)
+    b = torch.randn(n, k) if trans_b else torch.randn(k, n)
+    c0, bias = torch.randn(m, n), torch.randn(n)
+    if precision == "bf16":  # the tiles the bf16 matmuls read
+        a, b = a.bfloat16(), b.bfloat16()
+    at, bt = nt.TileTensor.from_dense(a.to(device), (t, t)), nt.TileTensor.from_dense(b.to(device), (t, t))
+    ct, biast = nt.TileTensor.from_dense(c0.to(device), (t, t)), nt.TileTensor.from_dense(bias.to(device), (t,))
+    nt._C.gemm(trans_a, at.tiles, trans_b, bt.tiles, ct.tiles, 0.5, 0.25, "fp32", bias=biast.tiles)
+    opa = a.double().t() if trans_a else a.double()
+    opb = b.double().t() if trans_b else b.double()
+    ref = 0.5 * opa @ opb + 0.25 * c0.double() + bias.double()
+    assert max_err(ct.materialize(), ref) < 1e-4 * ref.abs().max().item()
+    with pytest.raises(RuntimeError, match="bias must be"):
+        nt._C.gemm(trans_a, at.tiles, trans_b, bt.tiles, ct.tiles, 1.0, 0.0, "fp32",
+                   bias=nt.TileTensor.from_dense(bias.to(device), (8,)).tiles)
+
+
 def test_gradients_accumulate(device):
     ours, ref = make_pair(37, 53, True, 16, 8, device)
     x = torch.randn(3, 11, 37, device=device)

@@ -9,9 +9,11 @@
 
 namespace nntile::codelets {
 
-// C = alpha op(A) op(B) + beta C over one tile triple; C is written without being read when beta == 0.
+// C = alpha op(A) op(B) + beta C (+ bias, float32 (n), on every row) over one tile triple; C is written without being
+// read when beta == 0.
 void submit_gemm(const kernels::GemmShape &s, Precision precision, DType ta, starpu_data_handle_t a, DType tb,
-                 starpu_data_handle_t b, DType tc, starpu_data_handle_t c, int priority = 0);
+                 starpu_data_handle_t b, DType tc, starpu_data_handle_t c, int priority = 0,
+                 starpu_data_handle_t bias = nullptr);
 // y (m, n) += b (n) broadcast over rows.
 void submit_bias_add(int64_t m, int64_t n, starpu_data_handle_t b, starpu_data_handle_t y);
 // db = beta * db + column sums of dy (m, n).

@@ -8,7 +8,7 @@ namespace nntile::kernels {
 static at::ScalarType scalar_type(DType t) { return t == DType::f32 ? at::kFloat : at::kBFloat16; }
 
 void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void *b, DType tc, void *c,
-              Precision precision) {
+              Precision precision, const float *bias) {
     auto opts = [](DType t) { return at::TensorOptions().dtype(scalar_type(t)).device(at::kCPU); };
     at::Tensor A = s.trans_a ? at::from_blob(const_cast<void *>(a), {s.k, s.m}, opts(ta)).t()
                              : at::from_blob(const_cast<void *>(a), {s.m, s.k}, opts(ta));
@@ -24,6 +24,7 @@ void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void 
     A = A.to(C.scalar_type());
     B = B.to(C.scalar_type());
     C.addmm_(A, B, s.beta, s.alpha);
+    if (bias) C.add_(at::from_blob(const_cast<float *>(bias), {1, s.n}, opts(DType::f32)));
 }
 
 }  // namespace nntile::kernels

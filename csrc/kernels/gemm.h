@@ -8,7 +8,9 @@
 namespace nntile::kernels {
 
 // op(A) is m x k, op(B) is k x n, C is m x n. A is stored row-major as (m, k), or (k, m) when trans_a;
-// B as (k, n), or (n, k) when trans_b. beta == 0 ignores what C held (NaN included).
+// B as (k, n), or (n, k) when trans_b. beta == 0 ignores what C held (NaN included). `bias` (n fp32 values, or
+// nullptr) is added to every row of C: C = alpha op(A) op(B) + beta C + bias, the bias inside the GEMM's epilogue
+// on GPUs (as torch's Linear does there) instead of another pass over C.
 struct GemmShape {
     int64_t m, n, k;
     bool trans_a, trans_b;
@@ -16,12 +18,12 @@ struct GemmShape {
 };
 
 void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void *b, DType tc, void *c,
-              Precision precision);
+              Precision precision, const float *bias = nullptr);
 
 #ifdef NNTILE_USE_CUDA
-// Runs on the stream already set on `handle`.
-void gemm_cuda(cublasHandle_t handle, const GemmShape &s, DType ta, const void *a, DType tb, const void *b,
-               DType tc, void *c, Precision precision);
+// Runs on the stream already set on `handle` (`stream`: the same one, for cuBLASLt, which the bias needs).
+void gemm_cuda(cublasHandle_t handle, cudaStream_t stream, const GemmShape &s, DType ta, const void *a, DType tb,
+               const void *b, DType tc, void *c, Precision precision, const float *bias = nullptr);
 #endif
 
 }  // namespace nntile::kernels

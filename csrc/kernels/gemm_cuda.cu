@@ -1,17 +1,138 @@
-// CUDA tile GEMM through cuBLAS; row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+// CUDA tile GEMM through cuBLAS; row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. With a bias,
+// cuBLASLt adds it in the GEMM's epilogue (a Linear's forward: one kernel instead of a GEMM and a bias pass).
+#include "bias.h"
 #include "gemm.h"
+
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <map>
+#include <tuple>
 
 namespace nntile::kernels {
 
 static cudaDataType cuda_type(DType t) { return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF; }
 
-void gemm_cuda(cublasHandle_t handle, const GemmShape &s, DType ta, const void *a, DType tb, const void *b,
-               DType tc, void *c, Precision precision) {
-    cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+static cublasComputeType_t compute_type(DType ta, DType tb, Precision precision) {
     // fp32 tiles in tf32/bf16 mode: cuBLAS rounds the inputs itself and accumulates in fp32.
     if (ta == DType::f32 && tb == DType::f32) {
-        if (precision == Precision::tf32) compute = CUBLAS_COMPUTE_32F_FAST_TF32;
-        if (precision == Precision::bf16) compute = CUBLAS_COMPUTE_32F_FAST_16BF;
+        if (precision == Precision::tf32) return CUBLAS_COMPUTE_32F_FAST_TF32;
+        if (precision == Precision::bf16) return CUBLAS_COMPUTE_32F_FAST_16BF;
+    }
+    return CUBLAS_COMPUTE_32F;
+}
+
+#define NNTILE_LT_CHECK(call)                                                                                  \
+    do {                                                                                                       \
+        cublasStatus_t st_ = (call);                                                                           \
+        NNTILE_CHECK(st_ == CUBLAS_STATUS_SUCCESS, #call " failed with status " << (int)st_ << " for m=" << s.m \
+                                                                               << " n=" << s.n << " k=" << s.k); \
+    } while (0)
+
+namespace {
+
+// One cuBLASLt handle and workspace per CUDA worker thread (each thread drives one GPU), and per GEMM shape the
+// descriptors and the algorithm the heuristic chose: asking for it costs tens of microseconds of the worker's time,
+// which the GPU would spend idle.
+constexpr size_t kLtWorkspaceBytes = 32 << 20;
+
+struct LtPlan {
+    bool ok = false;  // cuBLASLt found an algorithm (else: cuBLAS's GEMM, then the bias as its own pass)
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+};
+
+struct LtThread {
+    cublasLtHandle_t handle = nullptr;
+    void *workspace = nullptr;
+    std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, int, int>, LtPlan> plans;
+};
+
+LtThread &lt_thread(const GemmShape &s) {
+    thread_local std::map<int, LtThread> per_device;  // a worker thread drives one GPU; keyed to be sure
+    int dev = -1;
+    NNTILE_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
+    LtThread &t = per_device[dev];
+    if (!t.handle) {
+        NNTILE_LT_CHECK(cublasLtCreate(&t.handle));
+        cudaError_t err = cudaMalloc(&t.workspace, kLtWorkspaceBytes);
+        NNTILE_CHECK(err == cudaSuccess, "cudaMalloc of cuBLASLt's " << kLtWorkspaceBytes << "-byte workspace failed: "
+                                                                    << cudaGetErrorString(err));
+    }
+    return t;
+}
+
+// The alignment (up to 256 bytes) of a pointer: cuBLASLt's algorithms may assume it, so it is part of the plan.
+int alignment(const void *p) {
+    auto v = reinterpret_cast<uintptr_t>(p);
+    int a = 1;
+    while (a < 256 && v % (2 * a) == 0) a *= 2;
+    return a;
+}
+
+const LtPlan &lt_plan(LtThread &t, const GemmShape &s, DType ta, const void *a, DType tb, const void *b, DType tc,
+                      const void *c, cublasComputeType_t compute) {
+    // cuBLAS's A is our b, its B our a
+    int align_a = alignment(b), align_b = alignment(a), align_c = alignment(c);
+    auto key = std::make_tuple(s.m, s.n, s.k, s.trans_a, s.trans_b, (int)ta, (int)tb, (int)tc, (int)compute, align_a,
+                               align_b, align_c);
+    auto it = t.plans.find(key);
+    if (it != t.plans.end()) return it->second;
+    LtPlan p;
+    // cuBLAS's A is our B (n x k after its op), its B our A (k x m after its op), its D our C^T (n x m).
+    cublasOperation_t op_a = s.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = s.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    NNTILE_LT_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
+    NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;  // a float32 bias: D's type (the default)
+    NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    // Stored (column-major) shapes: rows, columns, leading dimension.
+    if (s.trans_b)
+        NNTILE_LT_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(tb), s.k, s.n, s.k));
+    else
+        NNTILE_LT_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(tb), s.n, s.k, s.n));
+    if (s.trans_a)
+        NNTILE_LT_CHECK(cublasLtMatrixLayoutCreate(&p.b, cuda_type(ta), s.m, s.k, s.m));
+    else
+        NNTILE_LT_CHECK(cublasLtMatrixLayoutCreate(&p.b, cuda_type(ta), s.k, s.m, s.k));
+    NNTILE_LT_CHECK(cublasLtMatrixLayoutCreate(&p.c, cuda_type(tc), s.n, s.m, s.n));
+    cublasLtMatmulPreference_t pref;
+    NNTILE_LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws = kLtWorkspaceBytes;
+    NNTILE_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                         sizeof(ws)));
+    uint32_t aligns[] = {(uint32_t)align_a, (uint32_t)align_b, (uint32_t)align_c};
+    NNTILE_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aligns[0],
+                                                         sizeof(uint32_t)));
+    NNTILE_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &aligns[1],
+                                                         sizeof(uint32_t)));
+    NNTILE_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &aligns[2],
+                                                         sizeof(uint32_t)));
+    NNTILE_LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &aligns[2],
+                                                         sizeof(uint32_t)));
+    cublasLtMatmulHeuristicResult_t found{};
+    int count = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(t.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &found, &count);
+    cublasLtMatmulPreferenceDestroy(pref);
+    p.ok = st == CUBLAS_STATUS_SUCCESS && count > 0;
+    p.algo = found.algo;
+    return t.plans.emplace(key, p).first->second;
+}
+
+}  // namespace
+
+void gemm_cuda(cublasHandle_t handle, cudaStream_t stream, const GemmShape &s, DType ta, const void *a, DType tb,
+               const void *b, DType tc, void *c, Precision precision, const float *bias) {
+    cublasComputeType_t compute = compute_type(ta, tb, precision);
+    LtThread *t = bias ? &lt_thread(s) : nullptr;
+    const LtPlan *p = bias ? &lt_plan(*t, s, ta, a, tb, b, tc, c, compute) : nullptr;
+    if (p && p->ok && alignment(bias) >= 16) {
+        NNTILE_LT_CHECK(
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        NNTILE_LT_CHECK(cublasLtMatmul(t->handle, p->desc, &s.alpha, b, p->a, a, p->b, &s.beta, c, p->c, c, p->c,
+                                       &p->algo, t->workspace, kLtWorkspaceBytes, stream));
+        return;
     }
     int64_t lda = s.trans_a ? s.m : s.k;
     int64_t ldb = s.trans_b ? s.k : s.n;
@@ -21,6 +142,7 @@ void gemm_cuda(cublasHandle_t handle, const GemmShape &s, DType ta, const void *
         (int)s.n, compute, CUBLAS_GEMM_DEFAULT);
     NNTILE_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasGemmEx failed with status " << (int)st << " for m=" << s.m
                                                                                   << " n=" << s.n << " k=" << s.k);
+    if (bias) bias_add_cuda(stream, s.m, s.n, bias, static_cast<float *>(c));
 }
 
 }  // namespace nntile::kernels

@@ -17,7 +17,7 @@ std::pair<int64_t, int64_t> op_dim(const TileTensor &x, bool trans, int which) {
 }  // namespace
 
 void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &c, float alpha, float beta,
-          Precision precision, bool k_over_places) {
+          Precision precision, bool k_over_places, TileTensor *bias) {
     NNTILE_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2,
                  "gemm takes 2-d tile tensors (got " << a.ndim() << ", " << b.ndim() << ", " << c.ndim() << " dims)");
     NNTILE_CHECK(a.dtype() != DType::i64 && b.dtype() != DType::i64 && c.dtype() != DType::i64,
@@ -36,12 +36,24 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
     NNTILE_CHECK(c.dtype() == DType::f32 || precision != Precision::fp32 || a.dtype() == c.dtype(),
                  "gemm: output dtype " << dtype_name(c.dtype()) << " needs a reduced-precision mode");
     int64_t gm = c.grid()[0], gn = c.grid()[1], gk = (ka.first + ka.second - 1) / ka.second;
+    if (bias) {
+        NNTILE_CHECK(!k_over_places, "gemm: a bias is added by the forward GEMM only (not with k_over_places)");
+        NNTILE_CHECK(bias->dtype() == DType::f32 && c.dtype() == DType::f32,
+                     "gemm: a bias needs float32 bias and C tiles (got " << dtype_name(bias->dtype()) << " and "
+                                                                         << dtype_name(c.dtype()) << ")");
+        NNTILE_CHECK(bias->ndim() == 1 && bias->shape()[0] == n.first && bias->tile_shape()[0] == n.second,
+                     "gemm: the bias must be (" << n.first << ",) in tiles of " << n.second << " like C's columns (got ("
+                                               << (bias->ndim() ? bias->shape()[0] : 0) << ",) in tiles of "
+                                               << (bias->ndim() ? bias->tile_shape()[0] : 0) << ")");
+    }
     auto submit = [&](int64_t i, int64_t j, int64_t k, float b0, starpu_data_handle_t hc, DType tc) {
         kernels::GemmShape s{c.tile_extent(0, i), c.tile_extent(1, j), std::min(ka.second, ka.first - k * ka.second),
                              trans_a, trans_b, alpha, b0};
         auto ha = trans_a ? a.handle2(k, i) : a.handle2(i, k);
         auto hb = trans_b ? b.handle2(j, k) : b.handle2(k, j);
-        codelets::submit_gemm(s, precision, a.dtype(), ha, b.dtype(), hb, tc, hc);
+        // the bias goes with the task that starts C's tile (k == 0), so it is added once
+        starpu_data_handle_t hbias = bias && k == 0 ? bias->handle(j) : nullptr;
+        codelets::submit_gemm(s, precision, a.dtype(), ha, b.dtype(), hb, tc, hc, 0, hbias);
     };
     int64_t places = placement_count();
     if (!k_over_places || places == 1 || gk == 1) {

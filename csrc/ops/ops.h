@@ -11,8 +11,10 @@ inline int64_t row_of(const TileTensor &x, int64_t t) { return x.ndim() == 0 ? 0
 // C = alpha op(A) op(B) + beta C on 2-d tile tensors; op(A)'s column tiling must match op(B)'s row tiling
 // and C's tiling must be op(A)'s rows by op(B)'s columns.
 // k_over_places: K runs over row tiles spread over places (a weight gradient): partial sums per place.
+// bias (a Linear's, float32 (n) tiled as C's columns): added to every row of C inside the first GEMM task of
+// each C tile (on GPUs in cuBLASLt's epilogue), not with k_over_places.
 void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &c, float alpha, float beta,
-          Precision precision, bool k_over_places = false);
+          Precision precision, bool k_over_places = false, TileTensor *bias = nullptr);
 // y (M, N) += b (N), broadcast over rows; b's tiles match y's column tiles.
 void bias_add(TileTensor &b, TileTensor &y);
 // db = beta * db + sum over rows of dy (M, N).
