@@ -91,6 +91,36 @@ def _kind(m, tile_size):
     return None
 
 
+def _model_width(model):
+    """The widest layer norm's width (a GPT-2's hidden size), or None: what the default weight tile is made from."""
+    widths = []
+    for m in model.modules():
+        if type(m) is nn.LayerNorm:
+            if len(m.normalized_shape) == 1:
+                widths.append(m.normalized_shape[0])
+            continue
+        params = dict(m.named_parameters(recurse=False))
+        w = params.get("weight")
+        if w is not None and w.dim() == 1 and set(params) <= {"weight", "bias"} \
+                and next(iter(m.children()), None) is None:
+            ln = layer_norm_like(m)  # a forward on two rows: only for modules shaped like one
+            if ln is not None:
+                widths.append(ln[0])
+    return max(widths) if widths else None
+
+
+def default_tile_size(model, plan=None):
+    """convert()'s weight tile edge when none is given: config.weight_tile of the model's width (3 x width, 4 x width
+    on GPUs when no memory plan streams it), so that layer norm rows and attention's q, k, v rows sit in one tile
+    and stay tile tasks; config.DEFAULT_TILE_SIZE for a model without layer norms."""
+    width = _model_width(model)
+    if width is None:
+        return config.DEFAULT_TILE_SIZE
+    from .runtime import info
+    cuda = (info().get("workers") or {}).get("cuda", 0) > 0
+    return config.weight_tile(width, cuda, plan is not None and plan.beyond_gpu)
+
+
 def _swap(m, what, kw, home=None):
     tiles = dict(tile_size=kw["tile_size"], batch_tile_size=kw["batch_tile_size"])
     dev = home if home is not None else getattr(getattr(m, "weight", None), "device", None)
@@ -115,7 +145,8 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
     such as GPT-2's token embedding and LM head, stays one Parameter).
 
     precision: "fp32" (exact), "tf32" or "bf16" for the matmuls; tile_size / batch_tile_size: tile edges in
-    elements (defaults in nntile_torch.config).
+    elements (tile_size by default from the model's width, default_tile_size(); batch_tile_size in
+    nntile_torch.config).
 
     strict: raise (DenseFallbackError) instead of running any part of the model as dense torch code: modules
     without a tile version are named here, before anything changes; torch ops that would run on materialized
@@ -145,6 +176,8 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
     if plan is not None and plan.precision != precision:
         raise ValueError(f"convert(precision={precision!r}) differs from the plan's precision {plan.precision!r}")
     ensure_init()
+    if tile_size is None:
+        tile_size = default_tile_size(model, plan)
     kw = dict(tile_size=tile_size, batch_tile_size=batch_tile_size, precision=precision)
     report = ConvertReport(strict)
     swapped = {}  # id(old parameter) -> new parameter

@@ -142,6 +142,32 @@ def test_nanogpt_every_layer_in_tiles_and_exact(device, bias):
     assert list(sd) == list(rsd) and all(type(sd[k]) is torch.Tensor and torch.equal(sd[k], rsd[k]) for k in rsd)
 
 
+@pytest.mark.parametrize("kind", ["hf", "nanogpt"])
+def test_default_tiles_keep_every_layer_in_tiles(kind, device):
+    """convert() without tile sizes picks the weight tile from the model's width (3 x width; 4 x on GPUs): at width
+    384, the fixed default of 1024 put c_attn's 1152 columns in two tiles and attention ran as dense torch code (it
+    did for GPT-2 small, width 768, and every larger GPT-2). Strict mode raises on any dense op."""
+    torch.manual_seed(0)
+    if kind == "hf":
+        cfg = transformers.GPT2Config(n_layer=1, n_embd=384, n_head=6, vocab_size=101, n_positions=16,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+        ref = transformers.GPT2LMHeadModel(cfg).to(device)
+        step = lambda m, ids: m(ids, labels=ids).loss  # noqa: E731
+    else:
+        cfg = nanogpt_model.GPTConfig(block_size=16, vocab_size=101, n_layer=1, n_head=6, n_embd=384, dropout=0.0)
+        ref = nanogpt_model.GPT(cfg).to(device)
+        step = lambda m, ids: m(ids[:, :-1].contiguous(), ids[:, 1:].contiguous())[1]  # noqa: E731
+    ours = nt.convert(copy.deepcopy(ref), strict=True)
+    cuda = nt.info()["workers"].get("cuda", 0) > 0
+    assert ours.transformer.h[0].attn.c_attn.tile_size == (4 if cuda else 3) * 384
+    assert nt.config.weight_tile(384, cuda) == (4 if cuda else 3) * 384
+    ids = torch.randint(0, 101, (2, 16), device=device)
+    loss = step(ours, ids)
+    loss.backward()
+    assert nt.convert_report(ours).dense_ops == {}
+    assert abs(loss.item() - step(ref, ids).item()) < 1e-4
+
+
 def test_nanogpt_built_on_meta_converts_with_its_own_init(device):
     """nanoGPT built on the meta device and converted with its _init_weights: its LayerNorms (no
     reset_parameters, skipped by _init_weights) start at weight 1, bias 0, as built on a device; the model trains."""
