@@ -42,9 +42,10 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
                      "gemm: a bias needs float32 bias and C tiles (got " << dtype_name(bias->dtype()) << " and "
                                                                          << dtype_name(c.dtype()) << ")");
         NNTILE_CHECK(bias->ndim() == 1 && bias->shape()[0] == n.first && bias->tile_shape()[0] == n.second,
-                     "gemm: the bias must be (" << n.first << ",) in tiles of " << n.second << " like C's columns (got ("
-                                               << (bias->ndim() ? bias->shape()[0] : 0) << ",) in tiles of "
-                                               << (bias->ndim() ? bias->tile_shape()[0] : 0) << ")");
+                     "gemm: the bias must be (" << n.first << ",) in tiles of " << n.second
+                                               << " like C's columns (got (" << (bias->ndim() ? bias->shape()[0] : 0)
+                                               << ",) in tiles of " << (bias->ndim() ? bias->tile_shape()[0] : 0)
+                                               << ")");
     }
     auto submit = [&](int64_t i, int64_t j, int64_t k, float b0, starpu_data_handle_t hc, DType tc) {
         kernels::GemmShape s{c.tile_extent(0, i), c.tile_extent(1, j), std::min(ka.second, ka.first - k * ka.second),
