@@ -4,7 +4,8 @@ against model size, one line per backend), capacity.png (largest config complete
 
     python -m benchmarks.report benchmarks/results/h200
 
-Where an attempt was repeated, the latest record counts.
+Where an attempt was repeated, the latest record counts; the runs of one `benchmarks.run --repeat N` count as one:
+the median run, with the range of the others.
 """
 import argparse
 import json
@@ -22,12 +23,36 @@ def load(path):
 
 
 def latest(records, mode):
-    """The last record per (backend, variant and settings, config, precision, batch, seq, gpus) of that mode."""
-    out = {}
+    """The last record per (backend, variant and settings, config, precision, batch, seq, gpus) of that mode; the
+    runs of one `benchmarks.run --repeat N` count as one record: the median run's, with `runs` (every ok run's
+    tokens/s, sorted) and `runs_failed` added."""
+    out, series = {}, {}
     for r in records:
-        if r.get("mode") == mode:
-            out[(r["backend"], variant(r), r["config"], r["precision"], r["batch"], r["seq"], r["gpus"])] = r
-    return list(out.values())
+        if r.get("mode") != mode:
+            continue
+        key = (r["backend"], variant(r), r["config"], r["precision"], r["batch"], r["seq"], r["gpus"])
+        if r.get("series") is not None:
+            series.setdefault((key, r["series"]), []).append(r)
+            out[key] = (key, r["series"])
+        else:
+            out[key] = r
+    return [median_run(series[v]) if isinstance(v, tuple) else v for v in out.values()]
+
+
+def median_run(runs):
+    """The record of the median run by tokens/s (the lower one of an even count) among the ok ones."""
+    ok = sorted((r for r in runs if r["status"] == "ok" and r.get("tokens_per_s")), key=lambda r: r["tokens_per_s"])
+    if not ok:
+        return runs[-1]
+    return dict(ok[(len(ok) - 1) // 2], runs=[r["tokens_per_s"] for r in ok], runs_failed=len(runs) - len(ok))
+
+
+def _tokens(r):
+    runs = r.get("runs") or []
+    if len(runs) < 2:
+        return _f(r, "tokens_per_s", ",.0f")
+    failed = f", {r['runs_failed']} failed" if r.get("runs_failed") else ""
+    return f"{r['tokens_per_s']:,.0f} (median of {len(runs)}: {runs[0]:,.0f}-{runs[-1]:,.0f}{failed})"
 
 
 def variant(r):
@@ -59,7 +84,7 @@ def throughput_table(rows):
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {(r.get('reason') or '')[:120]}"
         lines.append(f"| {r['config']} | {fmt_params(r['params'])} | {r['backend']} | {variant(r)} | "
                      f"{r['precision']} | {r['gpus']} | {r['batch']} x {r['seq']} | {status.replace('|', '/')} | "
-                     f"{_f(r, 'tokens_per_s', ',.0f')} | {_f(r, 'tflops', '.1f')} | {_f(r, 'mfu', '.2f')} | "
+                     f"{_tokens(r)} | {_f(r, 'tflops', '.1f')} | {_f(r, 'mfu', '.2f')} | "
                      f"{_f(r, 'step_s', '.3f')} | {_gib(r.get('peak_gpu_bytes'))} | {_gib(r.get('peak_host_bytes'))} | "
                      f"{_f(r, 'loss', '.4f')} |")
     return "\n".join(lines)

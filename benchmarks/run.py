@@ -4,6 +4,7 @@ the same model, data, batch, sequence length and precision, each attempt in its 
     python -m benchmarks.run --backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024
     python -m benchmarks.run --backend fsdp:offload,fsdp2:offload,deepspeed --config xl,6.7b
     python -m benchmarks.run --mode capacity --backend torch:ckpt,nntile --config 6.7b,13b,20b --steps 2
+    python -m benchmarks.run --backend nntile,fsdp --config xl --repeat 3   # before/after ratios: medians of 3
     python -m benchmarks.run --list-configs
 
 Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:offload+ckpt):
@@ -468,6 +469,10 @@ def parse_args(argv=None):
     ap.add_argument("--steps", type=int, default=5,
                     help="timed steps after warm-up; the median is reported (default 5)")
     ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="throughput: run every attempt N times, in rounds (each attempt once per round); one process "
+                         "differs from the next by up to 5%% on the H200, so the report gives the median and the "
+                         "range (default 1)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per attempt, then killed (default 1800)")
     ap.add_argument("--budget", type=float, help="seconds for this whole invocation: attempts are cut to what is "
                     "left and none starts with under 30 s left")
@@ -519,6 +524,10 @@ def parse_args(argv=None):
             ap.error(f"--{k} must be positive (got {getattr(args, k)})")
     if args.warmup < 0:
         ap.error(f"--warmup must be >= 0 (got {args.warmup})")
+    if args.repeat < 1:
+        ap.error(f"--repeat must be positive (got {args.repeat})")
+    if args.repeat > 1 and args.mode != "throughput":
+        ap.error("--repeat is for --mode throughput (a capacity search stops at its first failure)")
     if args.mode == "capacity" and args.warmup + args.steps < 2:
         # the first step allocates the optimizer's state after the backward has freed the activations: only the
         # second holds state, gradients and activations together (plain torch "fitted" 6.7B on the H200 in 1 step)
@@ -553,14 +562,17 @@ def main(argv=None):
                   f"  {s.note}")
         return []
     if args.mode == "throughput":
-        plan = [{"backend": b, "variant": v, "config": c, "precision": p, "mode": "throughput"}
-                for c in args.configs for p in args.precisions for b, v in args.pairs]
+        # rounds: each attempt once per round, so that a slow machine phase does not hit one setting's runs alone
+        plan = [{"backend": b, "variant": v, "config": c, "precision": p, "mode": "throughput", "round": r}
+                for r in range(1, args.repeat + 1) for c in args.configs for p in args.precisions
+                for b, v in args.pairs]
     else:
         plan = None  # built as the search goes
     if args.dry_run:
         for a in plan or [{"backend": b, "variant": v, "config": c, "precision": p} for b, v in args.pairs
                           for p in args.precisions for c in by_size(args.configs, args.seq)]:
-            print(f"{a['backend']}:{a['variant']} {a['config']} {a['precision']}")
+            print(f"{a['backend']}:{a['variant']} {a['config']} {a['precision']}"
+                  + (f" (round {a['round']} of {args.repeat})" if args.repeat > 1 else ""))
         return []
     with tempfile.TemporaryDirectory(prefix="bench_probe_") as tmp:
         info = probe(tmp, args.cpu)
@@ -578,6 +590,7 @@ def main(argv=None):
     if args.steps < 5:
         print(f"note: {args.steps} timed steps (a median over at least 5 is the convention for reported figures)")
     records = []
+    series = datetime.datetime.now().isoformat(timespec="seconds")  # the runs of one --repeat, for the report
 
     def attempt(a, i, n):
         head = f"[{i}/{n}] {a['mode']} {a['backend']}:{a['variant']} {a['config']} " \
@@ -589,6 +602,8 @@ def main(argv=None):
         a["timeout"] = min(args.timeout, left)
         print(head, end=" ", flush=True)
         rec = run_attempt(a, args, machine, peaks, ngpus, logdir)
+        if args.repeat > 1:
+            rec.update(round=a["round"], rounds=args.repeat, series=series)
         print(progress(rec), flush=True)
         with open(os.path.join(args.out, "results.jsonl"), "a") as f:
             f.write(json.dumps(rec, default=str) + "\n")

@@ -109,6 +109,35 @@ def test_capacity_needs_two_steps():
     assert parse_args(["--warmup", "0", "--steps", "1"]).steps == 1  # throughput: any count
 
 
+def test_repeated_attempts_run_in_rounds_and_report_their_median(tmp_path):
+    from benchmarks.report import latest, throughput_table
+    from benchmarks.run import parse_args
+    with pytest.raises(SystemExit):
+        parse_args(["--repeat", "0"])
+    with pytest.raises(SystemExit):
+        parse_args(["--mode", "capacity", "--repeat", "2"])
+    dry = harness("benchmarks.run", "--backend", "torch,nntile", *TINY, "--repeat", "2", "--dry-run", cwd=tmp_path)
+    assert [line.split()[0] for line in dry.splitlines()] == ["torch:plain", "nntile:plain"] * 2  # rounds
+    assert "(round 2 of 2)" in dry.splitlines()[-1]
+    harness("benchmarks.run", "--backend", "torch", *TINY, "--repeat", "2", "--out", str(tmp_path), cwd=tmp_path)
+    recs = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in recs] == [1, 2] and {r["rounds"] for r in recs} == {2}
+    assert len({r["series"] for r in recs}) == 1 and all(r["status"] == "ok" for r in recs)
+    (row,) = latest(recs, "throughput")
+    assert row["runs"] == sorted(r["tokens_per_s"] for r in recs) and row["tokens_per_s"] == row["runs"][0]
+    # synthetic: the median of three of one series, an older single record of the same setting replaced by it,
+    # a later series apart from the first, a failed run counted
+    base = {k: recs[0][k] for k in ("mode", "backend", "variant", "config", "precision", "batch", "seq", "gpus",
+                                    "params")}
+    runs = [dict(base, status="ok", tokens_per_s=t, series="s1") for t in (30.0, 10.0, 20.0)]
+    failed = dict(base, status="error", tokens_per_s=None, series="s1")
+    (m,) = latest([dict(base, status="ok", tokens_per_s=99.0)] + runs + [failed], "throughput")
+    assert m["tokens_per_s"] == 20.0 and m["runs"] == [10.0, 20.0, 30.0] and m["runs_failed"] == 1
+    assert "20 (median of 3: 10-30, 1 failed)" in throughput_table([m])
+    later = [dict(base, status="ok", tokens_per_s=t, series="s2") for t in (5.0, 7.0)]
+    assert latest(runs + later, "throughput")[0]["runs"] == [5.0, 7.0]
+
+
 def test_report_writes_table_and_plots(bench):
     out = bench["out"]
     stdout = harness("benchmarks.report", str(out), cwd=out)
