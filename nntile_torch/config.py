@@ -3,8 +3,9 @@ import os
 
 import torch
 
-# Tile edge in elements for weight dimensions: 1024 x 1024 fp32 is a 4 MiB tile, the size from which the H200
-# box's PCIe runs near full speed.
+# Tile edge in elements for weight dimensions of modules built directly (nt.nn.Linear(...); convert() picks its
+# own from the model's width: weight_tile): 1024 x 1024 fp32 is a 4 MiB tile, the size from which the H200 box's
+# PCIe runs near full speed.
 DEFAULT_TILE_SIZE = 1024
 # Rows (batch x sequence positions) per activation tile.
 DEFAULT_BATCH_TILE_SIZE = 1024
