@@ -172,6 +172,7 @@ def setup_torch(spec, cuda, rank, world):
 def setup_nntile(spec, cuda, rank, world):
     try:
         import nntile_torch as nt
+        from nntile_torch.convert import default_tile_size
     except Exception as e:  # any import failure means the backend is not here
         raise Unavailable(f"nntile_torch not importable: {type(e).__name__}: {e}") from e
     o = spec["nntile"]
@@ -216,13 +217,12 @@ def setup_nntile(spec, cuda, rank, world):
             torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)):
         dev0 = "meta"  # built module by module into tiles: a dense copy beside the tiles would crowd StarPU out
     device = "cuda" if cuda else "cpu"  # the tile modules' home: inputs go there (StarPU places tasks on every GPU)
-    width = hf_config(spec["config"], spec["seq"]).n_embd
-    # Defaults as the training CLI (config.weight_tile, config.rows_per_tile): weight tiles of 3 or 4 x width,
-    # activation tiles whole sequences (on GPUs the batch split once per place).
-    tile = o["tile_size"] or nt.config.weight_tile(width, cuda, plan is not None and plan.beyond_gpu)
+    # Defaults as the training CLI: convert()'s weight tiles (3 or 4 x width), activation tiles whole sequences (on
+    # GPUs the batch split once per place). The tile is recorded with the results.
     btile = o["batch_tile_size"] or nt.config.rows_per_tile(spec["batch"], spec["seq"], cuda,
                                                             nt.runtime.num_places())
     dense = build_model(spec, dev0)
+    tile = o["tile_size"] or default_tile_size(dense, plan)
     kw = dict(precision=spec["precision"], tile_size=tile, batch_tile_size=btile, plan=plan)
     if dev0 == "meta":
         kw.update(init=hf_init(dense), init_device=device)

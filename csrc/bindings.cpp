@@ -237,7 +237,6 @@ PYBIND11_MODULE(_C, m) {
         nogil, py::arg("trans_a"), py::arg("a"), py::arg("trans_b"), py::arg("b"), py::arg("c"),
         py::arg("alpha") = 1.f, py::arg("beta") = 0.f, py::arg("precision") = "fp32", py::arg("k_over_places") = false,
         py::arg("bias") = nullptr);
-    m.def("bias_add", &ops::bias_add, nogil, py::arg("b"), py::arg("y"));
     m.def("bias_grad", &ops::bias_grad, nogil, py::arg("dy"), py::arg("db"), py::arg("beta") = 0.f);
     m.def("add", &ops::add, nogil, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"));
     m.def("add_into", &ops::add_into, nogil, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"),

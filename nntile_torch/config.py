@@ -19,7 +19,7 @@ def cpu_workers_beside_gpus():
 
 
 def weight_tile(width, cuda, beyond_gpu=False):
-    """Default weight tile edge for a GPT-2 of hidden size `width` (the training CLI and the harness): 3 x width at
+    """Default weight tile edge for a GPT-2 of hidden size `width` (convert()'s, when none is given): 3 x width at
     least, so that LayerNorm's rows and attention's q, k, v rows sit in one tile and run as tile tasks. On GPUs,
     when every tile stays there (no memory plan beyond GPU memory), 4 x width: the MLP's weights (4 width x width)
     are then one tile each, so each MLP matmul, its bias and its casts are one task instead of two (GPT-2 XL bf16

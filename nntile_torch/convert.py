@@ -32,7 +32,7 @@ from .nn._init import no_init
 from .nn.gpt2 import is_gpt2_attention, patch_gpt2_attention
 from .recognize import gelu_like, layer_norm_like
 from .report import ConvertReport, register
-from .runtime import ensure_init
+from .runtime import ensure_init, info
 from .tensor import TileTensor
 
 # Modules without parameters that need no tile version: they only pass tiles on or hold others.
@@ -116,9 +116,12 @@ def default_tile_size(model, plan=None):
     width = _model_width(model)
     if width is None:
         return config.DEFAULT_TILE_SIZE
-    from .runtime import info
-    cuda = (info().get("workers") or {}).get("cuda", 0) > 0
-    return config.weight_tile(width, cuda, plan is not None and plan.beyond_gpu)
+    return config.weight_tile(width, _cuda_workers(), plan is not None and plan.beyond_gpu)
+
+
+def _cuda_workers():
+    """Whether the runtime has CUDA workers (where the tile tasks then run)."""
+    return (info().get("workers") or {}).get("cuda", 0) > 0
 
 
 def _swap(m, what, kw, home=None):
@@ -328,8 +331,7 @@ def _tile_parameters(m, c, swapped, init, home):
 def _home_device(init_device):
     if init_device is not None:
         return torch.device(init_device)
-    from .runtime import info
-    cuda = torch.cuda.is_available() and (info().get("workers") or {}).get("cuda", 0) > 0
+    cuda = torch.cuda.is_available() and _cuda_workers()
     return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
 

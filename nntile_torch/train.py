@@ -68,7 +68,7 @@ def parse_args(argv=None):
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
     ap.add_argument("--tile-size", type=int,
                     help="tile edge for weights (default: 3 x width, so that attention tiles hold whole rows and run "
-                         "as tile tasks; 4 x width on GPUs when the model fits there: config.weight_tile)")
+                         "as tile tasks; 4 x width on GPUs when the model fits there: convert()'s default)")
     ap.add_argument("--batch-tile-size", type=int,
                    help="rows per activation tile (default: whole sequences; one per tile on CPUs, on GPUs the "
                         "batch split once per GPU)")
@@ -244,9 +244,7 @@ def main(argv=None):
             max_submitted_tasks=window)
     torch_model = copy.deepcopy(ref) if args.compare_torch else None
     fp64_model = copy.deepcopy(ref).double() if args.compare_fp64 else None
-    width = ref.config.n_embd
-    tile = args.tile_size or nt.config.weight_tile(width, device == "cuda", plan is not None and plan.beyond_gpu)
-    model = nt.convert(ref, precision=args.precision, tile_size=tile,
+    model = nt.convert(ref, precision=args.precision, tile_size=args.tile_size,
                        batch_tile_size=args.batch_tile_size or nt.config.rows_per_tile(
                            args.batch, args.seq, device == "cuda", nt.runtime.num_places()), plan=plan)
     if plan is not None:

@@ -1,4 +1,4 @@
-// Codelets for bias add (forward) and bias gradient (column sums).
+// Codelet for the bias gradient (column sums); the forward bias is added by the GEMM (codelets/gemm.cpp).
 #include "../kernels/bias.h"
 #include "codelet_util.h"
 #include "codelets.h"
@@ -17,12 +17,6 @@ uint32_t bias_footprint(starpu_task *task) {
     return hash_ints({a.m, a.n, a.beta == 0.f});
 }
 
-void bias_add_cpu_func(void *buffers[], void *cl_arg) {
-    auto *a = static_cast<BiasArgs *>(cl_arg);
-    kernels::bias_add_cpu(a->m, a->n, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]),
-                          (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
-}
-
 void bias_grad_cpu_func(void *buffers[], void *cl_arg) {
     auto *a = static_cast<BiasArgs *>(cl_arg);
     kernels::bias_grad_cpu(a->m, a->n, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), a->beta,
@@ -30,11 +24,6 @@ void bias_grad_cpu_func(void *buffers[], void *cl_arg) {
 }
 
 #ifdef NNTILE_USE_CUDA
-void bias_add_cuda_func(void *buffers[], void *cl_arg) {
-    auto *a = static_cast<BiasArgs *>(cl_arg);
-    kernels::bias_add_cuda(starpu_cuda_get_local_stream(), a->m, a->n,
-                           (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
-}
 void bias_grad_cuda_func(void *buffers[], void *cl_arg) {
     auto *a = static_cast<BiasArgs *>(cl_arg);
     kernels::bias_grad_cuda(starpu_cuda_get_local_stream(), a->m, a->n,
@@ -42,14 +31,8 @@ void bias_grad_cuda_func(void *buffers[], void *cl_arg) {
                             (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
 }
 #else
-constexpr starpu_cuda_func_t bias_add_cuda_func = nullptr;
 constexpr starpu_cuda_func_t bias_grad_cuda_func = nullptr;
 #endif
-
-starpu_codelet *cl_bias_add() {
-    static starpu_codelet *cl = new_codelet<bias_add_cpu_func, bias_add_cuda_func>("bias_add", "nntile_bias_add", bias_footprint);
-    return cl;
-}
 
 starpu_codelet *cl_bias_grad() {
     static starpu_codelet *cl = new_codelet<bias_grad_cpu_func, bias_grad_cuda_func>("bias_grad", "nntile_bias_grad", bias_footprint);
@@ -58,14 +41,6 @@ starpu_codelet *cl_bias_grad() {
 
 
 }  // namespace
-
-void submit_bias_add(int64_t m, int64_t n, starpu_data_handle_t b, starpu_data_handle_t y) {
-    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_bias_add(), STARPU_R, b, STARPU_RW, y, STARPU_CL_ARGS,
-                                           cl_args(BiasArgs{m, n, 1.f}), sizeof(BiasArgs), STARPU_FLOPS, (double)(m * n),
-                                           STARPU_NAME, "bias_add", 0),
-                        "submitting bias_add m=" << m << " n=" << n);
-    count_task();
-}
 
 void submit_bias_grad(int64_t m, int64_t n, starpu_data_handle_t dy, float beta, starpu_data_handle_t db) {
     NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_bias_grad(), STARPU_R, dy, beta == 0.f ? STARPU_W : STARPU_RW, db,

@@ -14,8 +14,6 @@ namespace nntile::codelets {
 void submit_gemm(const kernels::GemmShape &s, Precision precision, DType ta, starpu_data_handle_t a, DType tb,
                  starpu_data_handle_t b, DType tc, starpu_data_handle_t c, int priority = 0,
                  starpu_data_handle_t bias = nullptr);
-// y (m, n) += b (n) broadcast over rows.
-void submit_bias_add(int64_t m, int64_t n, starpu_data_handle_t b, starpu_data_handle_t y);
 // db = beta * db + column sums of dy (m, n).
 void submit_bias_grad(int64_t m, int64_t n, starpu_data_handle_t dy, float beta, starpu_data_handle_t db);
 // y = alpha x + beta y over n values (y only written when beta == 0).

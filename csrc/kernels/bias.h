@@ -1,4 +1,5 @@
-// Bias kernels on a row-major (m, n) fp32 tile: y[r, :] += b, and db = beta * db + sum_r dy[r, :].
+// Bias kernels on a row-major (m, n) fp32 tile: y[r, :] += b (the GEMM's, where cuBLASLt's epilogue cannot), and
+// db = beta * db + sum_r dy[r, :].
 #pragma once
 #include <cstdint>
 #ifdef NNTILE_USE_CUDA

@@ -1,4 +1,5 @@
 // CPU tile GEMM through ATen's BLAS (MKL or OpenBLAS), on the calling worker's thread only.
+#include "bias.h"
 #include "gemm.h"
 
 #include <ATen/ATen.h>
@@ -24,7 +25,7 @@ void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void 
     A = A.to(C.scalar_type());
     B = B.to(C.scalar_type());
     C.addmm_(A, B, s.beta, s.alpha);
-    if (bias) C.add_(at::from_blob(const_cast<float *>(bias), {1, s.n}, opts(DType::f32)));
+    if (bias) bias_add_cpu(s.m, s.n, bias, static_cast<float *>(c));
 }
 
 }  // namespace nntile::kernels

@@ -17,16 +17,6 @@ void check_bias(TileTensor &b, TileTensor &y, const char *op) {
 }
 }  // namespace
 
-void bias_add(TileTensor &b, TileTensor &y) {
-    check_bias(b, y, "bias_add");
-    for (int64_t i = 0; i < y.grid()[0]; ++i) {
-        OnWorker on(placement_worker(i));
-        for (int64_t j = 0; j < y.grid()[1]; ++j)
-            codelets::submit_bias_add(y.tile_extent(0, i), y.tile_extent(1, j), b.handle(j), y.handle2(i, j));
-    }
-    y.bump_version();
-}
-
 void bias_grad(TileTensor &dy, TileTensor &db, float beta) {
     check_bias(db, dy, "bias_grad");
     for (int64_t j = 0; j < dy.grid()[1]; ++j)

@@ -15,8 +15,6 @@ inline int64_t row_of(const TileTensor &x, int64_t t) { return x.ndim() == 0 ? 0
 // each C tile (on GPUs in cuBLASLt's epilogue), not with k_over_places.
 void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &c, float alpha, float beta,
           Precision precision, bool k_over_places = false, TileTensor *bias = nullptr);
-// y (M, N) += b (N), broadcast over rows; b's tiles match y's column tiles.
-void bias_add(TileTensor &b, TileTensor &y);
 // db = beta * db + sum over rows of dy (M, N).
 void bias_grad(TileTensor &dy, TileTensor &db, float beta);
 // y = alpha x + beta y, tile by tile (same tiling).
