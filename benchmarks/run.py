@@ -406,7 +406,7 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
         bad = [r for r in ranks if r["status"] != "ok"]
         worst = bad[0] if bad else first
         rec.update(status=worst["status"], reason=worst["reason"])
-        for k in ("step_s", "step_times", "losses", "loss", "setup_s", "env", "timeline"):
+        for k in ("step_s", "step_times", "losses", "loss", "setup_s", "env", "timeline", "dispatch"):
             if k in first:
                 rec[k] = first[k]
         if first.get("gpus") is not None and not cpu_only:
@@ -485,7 +485,9 @@ def parse_args(argv=None):
                     "smaller host in CPU-only runs (CUDA needs far more address space than memory)")
     ap.add_argument("--timeline", action="store_true",
                     help="after the timed steps, one more under torch.profiler: the GPU's compute, copies and idle "
-                         "time (benchmarks/timeline.py), as <log>.timeline.json and .png beside the attempt's log")
+                         "time (benchmarks/timeline.py), as <log>.timeline.json and .png beside the attempt's log; "
+                         "for nntile one more under a task trace: where the idle time between tasks goes "
+                         "(benchmarks/dispatch.py), as <log>.timeline.tasks.json")
     ap.add_argument("--init-device", default="auto", choices=["auto", "cuda", "cpu", "meta"],
                     help="where the dense model is built before sharding/conversion (auto: GPU if it fits; for "
                     "nntile, meta when its fp32 weights pass 20%% of the GPU: module by module into tiles)")

@@ -562,6 +562,17 @@ def run_attempt(spec, rank, world):
                 summary = tl.save(spec["timeline"], title=os.path.basename(spec["timeline"]))
                 print(report(summary), flush=True)
                 res["timeline"] = {k: v for k, v in summary.items() if not isinstance(v, list) or k == "top_kernels"}
+        if spec.get("timeline") and cuda and stats is not None:  # and one under a task trace (benchmarks/dispatch.py)
+            from benchmarks import dispatch
+            nt_mod = sys.modules["nntile_torch"]
+            ids = batch_ids(spec, len(times) + 1, vocab)[:per_rank].to(device)
+            sync()
+            with nt_mod.task_trace() as records:
+                step(ids)
+            with open(spec["timeline"] + ".tasks.json", "w") as f:
+                json.dump(records, f)
+            res["dispatch"] = dispatch.summarize(records)
+            print(dispatch.report(res["dispatch"]), flush=True)
         timed = times[spec["warmup"]:]
         res.update(step_s=statistics.median(timed), step_times=times, losses=losses, loss=losses[-1])
         if stats is not None:

@@ -6,6 +6,7 @@
 #include "ops/ops.h"
 #include "runtime.h"
 #include "stall_advice.h"
+#include "task_trace.h"
 #include "tiles/tile_tensor.h"
 
 namespace py = pybind11;
@@ -113,6 +114,28 @@ PYBIND11_MODULE(_C, m) {
     m.def("attention_forwards", &kernels::attention_forwards);
     m.def("tasks_submitted", &tasks_submitted);
     m.def("tasks_pending", [] { return starpu_task_nsubmitted(); });
+    m.def("task_trace_start", [] {
+        NNTILE_CHECK(runtime_running(), "the nntile_torch runtime is not running");
+        task_trace_start();
+    });
+    m.def("task_trace_stop", [] {
+        py::list out;
+        for (const auto &r : task_trace_stop()) {
+            py::dict d;
+            d["name"] = r.name;
+            d["worker"] = r.worker;
+            d["kind"] = r.worker < 0 ? "" : starpu_worker_get_type(r.worker) == STARPU_CUDA_WORKER ? "cuda" : "cpu";
+            const std::pair<const char *, double> times[] = {
+                {"submit", r.submit},         {"push_start", r.push_start},     {"push_end", r.push_end},
+                {"pop_start", r.pop_start},   {"pop_end", r.pop_end},           {"acquire_start", r.acquire_start},
+                {"acquire_end", r.acquire_end}, {"start", r.start},             {"end", r.end},
+                {"release_start", r.release_start}, {"release_end", r.release_end}, {"callback", r.callback},
+                {"func_enter", r.func_enter}, {"func_exit", r.func_exit}};
+            for (const auto &t : times) d[t.first] = t.second >= 0 ? py::object(py::float_(t.second)) : py::none();
+            out.append(d);
+        }
+        return out;
+    });
     m.def("cuda_memory_nodes", [] {  // the memory node of each GPU that runs CUDA workers, in worker order
         std::vector<int> nodes;
         for (unsigned w = 0; w < starpu_worker_get_count(); ++w)
@@ -231,12 +254,12 @@ PYBIND11_MODULE(_C, m) {
     m.def(
         "gemm",
         [](bool ta, TileTensor &a, bool tb, TileTensor &b, TileTensor &c, float alpha, float beta,
-           const std::string &precision, bool k_over_places, TileTensor *bias) {
-            ops::gemm(ta, a, tb, b, c, alpha, beta, parse_precision(precision), k_over_places, bias);
+           const std::string &precision, bool k_over_places, TileTensor *bias, TileTensor *a_source) {
+            ops::gemm(ta, a, tb, b, c, alpha, beta, parse_precision(precision), k_over_places, bias, a_source);
         },
         nogil, py::arg("trans_a"), py::arg("a"), py::arg("trans_b"), py::arg("b"), py::arg("c"),
         py::arg("alpha") = 1.f, py::arg("beta") = 0.f, py::arg("precision") = "fp32", py::arg("k_over_places") = false,
-        py::arg("bias") = nullptr);
+        py::arg("bias") = nullptr, py::arg("a_source") = nullptr);
     m.def("bias_grad", &ops::bias_grad, nogil, py::arg("dy"), py::arg("db"), py::arg("beta") = 0.f);
     m.def("add", &ops::add, nogil, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"));
     m.def("add_into", &ops::add_into, nogil, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"),

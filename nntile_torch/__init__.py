@@ -3,7 +3,7 @@ import torch  # noqa: F401  (loads libtorch and, in CUDA builds, the cuBLAS/cuda
 
 from . import _C  # noqa: F401  (nt._C, the native module)
 from .runtime import (info, init, is_running, memory_advice, memory_nodes, memory_nodes_report, memory_summary,
-                      reset_peak_stats, shutdown, stats, synchronize)
+                      reset_peak_stats, shutdown, stats, synchronize, task_trace)
 from .tensor import TileTensor
 from . import nn, optim  # noqa: E402  (need the runtime and TileTensor)
 from .convert import convert  # noqa: E402
@@ -12,5 +12,5 @@ from .report import ConvertReport, DenseFallbackError, convert_report  # noqa: E
 
 __version__ = "0.1.0"
 __all__ = ["init", "shutdown", "info", "stats", "reset_peak_stats", "memory_nodes", "memory_nodes_report",
-           "memory_advice", "memory_summary", "synchronize", "is_running", "TileTensor", "nn", "optim", "convert",
+           "memory_advice", "memory_summary", "synchronize", "task_trace", "is_running", "TileTensor", "nn", "optim", "convert",
            "plan", "MemoryPlan", "InsufficientMemoryError", "convert_report", "ConvertReport", "DenseFallbackError"]

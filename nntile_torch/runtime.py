@@ -284,6 +284,25 @@ def synchronize():
 
 
 @contextlib.contextmanager
+def task_trace():
+    """Records the way through StarPU of every task submitted inside the block; yields a list that holds, after the
+    block (which waits for those tasks), one dict per task in the order they finished: "name", "worker", "kind" ("cpu", "cuda") and
+    StarPU's times in microseconds ("submit", "push_start"/"push_end": into the scheduler, "pop_start"/"pop_end":
+    taken by a worker, "acquire_start"/"acquire_end": its data made ready there, "start"/"end": executed (for a
+    GPU task, from the launch to the worker seeing it finished), "release_start"/"release_end", "callback"), and
+    "func_enter"/"func_exit": the codelet's function on the worker's thread (our kernels' launches). None where StarPU
+    kept no time. benchmarks/dispatch.py reads where the time between dependent tasks goes."""
+    ensure_init()
+    records = []
+    _C.task_trace_start()
+    try:
+        yield records
+        synchronize()
+    finally:
+        records.extend(_C.task_trace_stop())
+
+
+@contextlib.contextmanager
 def host_tasks():
     """Tasks submitted inside run on CPU workers, so the tiles they write live in host RAM (AdamW(offload=...)
     updates those parameters this way). Per thread."""

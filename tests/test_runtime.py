@@ -289,6 +289,38 @@ def test_stats_count_tasks_and_waits():
     assert nt.stats()["blocking_waits"] == s1["blocking_waits"] + 1
 
 
+def test_task_trace_records_each_task_and_where_its_gaps_went():
+    from benchmarks import dispatch
+    x = nt.TileTensor.from_dense(torch.randn(8, 8), (4, 4))
+    with nt.task_trace() as records:
+        y = x + x  # 4 tasks, then 4 that depend on them
+        z = y + y
+    assert torch.equal(z.materialize(), 4 * x.materialize())
+    assert len(records) == 8 and {r["kind"] for r in records} == {"cpu"}
+    marks = ("submit", "push_start", "push_end", "pop_end", "acquire_end", "func_enter", "func_exit", "end",
+             "callback")
+    for r in records:
+        assert r["name"] and r["worker"] >= 0
+        times = [r[k] for k in marks]
+        assert None not in times and times == sorted(times), r
+    with nt.task_trace() as after:  # a trace holds only its own tasks
+        pass
+    assert after == []
+    # gaps: worker 0 finishes a at 10 with b not launched until 31 (b entered the scheduler at 12, ...);
+    # c was launched (func_exit 20) before b finished (end 40): no gap there
+    a = dict(name="a", worker=0, kind="cuda", func_exit=5.0, end=10.0)
+    b = dict(name="b", worker=0, kind="cuda", push_start=12.0, push_end=13.0, pop_end=17.0, acquire_end=19.0,
+             func_enter=25.0, func_exit=31.0, end=40.0)
+    c = dict(name="c", worker=0, kind="cuda", push_start=1.0, push_end=2.0, pop_end=3.0, acquire_end=4.0,
+             func_enter=5.0, func_exit=35.0, end=50.0)
+    s = dispatch.summarize([a, b, c])["workers"]["0"]
+    assert s["gaps"] == 1 and s["tasks"] == 3
+    assert s["median_us_by_stage"] == {"release": 2.0, "push": 1.0, "queue": 4.0, "acquire": 2.0, "driver": 6.0,
+                                       "function": 6.0}
+    assert "worker 0: 3 tasks, 1 gaps" in dispatch.report(dispatch.summarize([a, b, c]))
+    assert dispatch.summarize([a, b, c], kind="cpu")["workers"] == {}
+
+
 def test_disk_node_is_emptied_when_the_process_exits_without_shutdown(tmp_path):
     """Tiles spilled to the disk node are files; a script that ends without nt.shutdown() must not leave them
     behind (the runtime stops StarPU at exit, which deletes them)."""

@@ -7,6 +7,7 @@
 
 #include "../kernels/aten_tile.h"
 #include "../runtime.h"
+#include "../task_trace.h"
 
 namespace nntile::codelets {
 
@@ -46,7 +47,13 @@ struct CodeletDef {
 template <void (*F)(void **, void *)>
 void guarded(void *buffers[], void *cl_arg) {
     try {
-        F(buffers, cl_arg);
+        if (task_trace_on()) {
+            double enter = task_trace_now_us();
+            F(buffers, cl_arg);
+            task_trace_function(enter, task_trace_now_us());
+        } else {
+            F(buffers, cl_arg);
+        }
     } catch (const std::exception &e) {
         starpu_task *task = starpu_task_get_current();
         record_task_error(task && task->cl && task->cl->name ? task->cl->name : "nntile", e.what());
@@ -98,10 +105,11 @@ Args *cl_args(const Args &a) {
 #define NNTILE_CUDA_IMPL(f) nullptr
 #endif
 
-// starpu_task_insert with the placement hints of the submitting thread (runtime.h: OnWorker, set_host_tasks).
+// starpu_task_insert with the placement hints of the submitting thread (runtime.h: OnWorker, set_host_tasks) and,
+// while a task trace is on, its recorder as the task's callback (task_trace.h).
 #define NNTILE_TASK_INSERT(cl, ...)                                                                         \
     starpu_task_insert(cl, STARPU_EXECUTE_ON_WORKER, hinted_worker(), STARPU_EXECUTE_WHERE, hinted_where(), \
-                       __VA_ARGS__)
+                       STARPU_CALLBACK, task_trace_callback(), __VA_ARGS__)
 
 template <class Args>
 inline const Args &args_of(starpu_task *task) {
