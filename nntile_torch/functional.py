@@ -88,9 +88,22 @@ def to_bf16(t):
     """bfloat16 copy of C++ tiles (the same tiles when they already are bf16)."""
     if t.dtype == "bfloat16":
         return t
-    b = _C.TileTensor(list(t.shape), list(t.tile_shape), "bfloat16", t.name + ".bf16")
+    b = _bf16_like(t)
     _C.convert(t, b)
     return b
+
+
+def _bf16_like(t):
+    return _C.TileTensor(list(t.shape), list(t.tile_shape), "bfloat16", t.name + ".bf16")
+
+
+def _cast_in_gemm(t):
+    """For a bf16 matmul's input A: (bf16 tiles, float32 source or None). With a source, the GEMM writes the bf16
+    tiles itself, inside its first task that reads each tile (gemm's a_source): no task of its own between the
+    producer of A and the GEMM, where the GPU would idle while StarPU dispatches it."""
+    if t.dtype == "bfloat16":
+        return t, None
+    return _bf16_like(t), t
 
 
 def keep_as_bf16_master(param, on_host=False):
@@ -147,13 +160,15 @@ class LinearFunction(torch.autograd.Function):
         x2 = as_matrix_tiles(x, batch_tile, wt.tile_shape[k_dim])
         m, n = x2.shape[0], wt.shape[n_dim]
         per_use = precision == "bf16" and getattr(weight, "_nntile_bf16_per_use", False)
+        source = None
         if precision == "bf16":
-            x2, wc, mode = to_bf16(x2), weight_bf16(weight), "fp32"
+            (x2, source), wc, mode = _cast_in_gemm(x2), weight_bf16(weight), "fp32"
         else:
             wc, mode = wt, precision
         y = _C.TileTensor([m, n], [x2.tile_shape[0], wt.tile_shape[n_dim]], "float32", "linear.y")
         # the bias is added by the GEMM (cuBLASLt's epilogue on GPUs)
-        _C.gemm(False, x2, not w_in_out, wc, y, 1.0, 0.0, mode, bias=None if bias is None else bias.tiles)
+        _C.gemm(False, x2, not w_in_out, wc, y, 1.0, 0.0, mode, bias=None if bias is None else bias.tiles,
+                a_source=source)
         if per_use:  # a copy made for this use: kept as an activation (checkpointing recomputes it)
             keep(ctx, x.device, x2, wc)
             wc = None
@@ -172,11 +187,13 @@ class LinearFunction(torch.autograd.Function):
         wt, wc, mode, io = ctx.wt, copy[0] if copy else ctx.wc, ctx.mode, ctx.w_in_out
         n, n_tile = wt.shape[ctx.n_dim], wt.tile_shape[ctx.n_dim]
         dy2 = as_matrix_tiles(dy, ctx.batch_tile, n_tile)
-        dyc = to_bf16(dy2) if ctx.precision == "bf16" else dy2
+        dyc, source = dy2, None
+        if ctx.precision == "bf16":  # cast by the dx GEMM, or on its own when there is none
+            dyc, source = _cast_in_gemm(dy2) if ctx.needs_input_grad[0] else (to_bf16(dy2), None)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:  # dx = dy W (N, K layout) or dy W^T (K, N layout)
             g = _C.TileTensor(list(x2.shape), list(x2.tile_shape), "float32", "linear.dx")
-            _C.gemm(False, dyc, io, wc, g, 1.0, 0.0, mode)
+            _C.gemm(False, dyc, io, wc, g, 1.0, 0.0, mode, a_source=source)
             dx = TileTensor(g, ctx.x_shape, ctx.x_device)
         if ctx.needs_input_grad[1]:  # dW = dy^T x (N, K) or x^T dy (K, N)
             g = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "linear.dw")

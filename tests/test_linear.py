@@ -105,6 +105,33 @@ def test_gemm_adds_the_bias_once_per_row(trans_a, trans_b, precision, device):
                    bias=nt.TileTensor.from_dense(bias.to(device), (8,)).tiles)
 
 
+@pytest.mark.parametrize("trans_a", [False, True], ids=["A", "A^T"])
+def test_gemm_casts_its_input_inside_its_first_task(trans_a, device):
+    # A bf16 matmul's input cast by the GEMM (a_source): A's tiles (K over 3 tiles, so every tile of A is cast once
+    # and read by 4 column tiles of C) hold the source rounded to bf16, C equals the GEMM of the cast A; the bias
+    # rides along as in the Linear's forward
+    m, n, k, t = 13, 53, 37, 16
+    torch.manual_seed(11)
+    src = torch.randn(k, m) if trans_a else torch.randn(m, k)
+    b, bias = torch.randn(n, k).bfloat16(), torch.randn(n)
+    st = nt.TileTensor.from_dense(src.to(device), (t, t))
+    a = nt._C.TileTensor(list(src.shape), [t, t], "bfloat16", "a")
+    bt, biast = nt.TileTensor.from_dense(b.to(device), (t, t)), nt.TileTensor.from_dense(bias.to(device), (t,))
+    ct = nt._C.TileTensor([m, n], [t, t], "float32", "c")
+    nt._C.gemm(trans_a, a, True, bt.tiles, ct, 1.0, 0.0, "fp32", bias=biast.tiles, a_source=st.tiles)
+    assert torch.equal(a.to_dense().cpu(), src.bfloat16())
+    opa = src.bfloat16().double()
+    ref = (opa.t() if trans_a else opa) @ b.double().t() + bias.double()
+    assert max_err(ct.to_dense(), ref) < 1e-4 * ref.abs().max().item()
+    with pytest.raises(RuntimeError, match="source must have A's shape"):
+        nt._C.gemm(trans_a, a, True, bt.tiles, ct, 1.0, 0.0, "fp32",
+                   a_source=nt.TileTensor.from_dense(src.to(device), (8, 8)).tiles)
+    with pytest.raises(RuntimeError, match="float32 source and bfloat16 A"):
+        nt._C.gemm(trans_a, st.tiles, True, bt.tiles, ct, 1.0, 0.0, "fp32", a_source=st.tiles)
+    with pytest.raises(RuntimeError, match="not with k_over_places"):
+        nt._C.gemm(trans_a, a, True, bt.tiles, ct, 1.0, 0.0, "fp32", k_over_places=True, a_source=st.tiles)
+
+
 def test_gradients_accumulate(device):
     ours, ref = make_pair(37, 53, True, 16, 8, device)
     x = torch.randn(3, 11, 37, device=device)

@@ -1,4 +1,5 @@
 // Codelet for the tile GEMM: CPU (ATen BLAS) and CUDA (cuBLAS on StarPU's worker stream and handle).
+#include "../kernels/convert.h"
 #include "codelet_util.h"
 #include "codelets.h"
 #ifdef NNTILE_USE_CUDA
@@ -13,18 +14,37 @@ struct GemmArgs {
     kernels::GemmShape shape;
     Precision precision;
     DType ta, tb, tc;
-    bool bias;  // a fourth buffer: float32 bias (n,) added to every row of C
+    bool bias;  // a buffer after C: float32 bias (n,) added to every row of C
+    // A's tile is first written by this task from a float32 source tile of a_elements values (the first buffer;
+    // A, B, C, bias follow): the cast of a matmul input to bf16 rides with the first GEMM that reads it, instead of
+    // being a task of its own between its producer and this GEMM.
+    bool cast_a;
+    int64_t a_elements;
 };
 
-const float *bias_of(void *buffers[], const GemmArgs *a) {
-    return a->bias ? (const float *)STARPU_VECTOR_GET_PTR(buffers[3]) : nullptr;
+// The buffers in the order the task was given them: (a_source,) a, b, c, (bias).
+struct GemmBuffers {
+    const float *a_source = nullptr;
+    void *a, *b, *c;
+    const float *bias = nullptr;
+};
+
+GemmBuffers buffers_of(void *buffers[], const GemmArgs *a) {
+    int i = 0;
+    GemmBuffers g;
+    if (a->cast_a) g.a_source = (const float *)STARPU_VECTOR_GET_PTR(buffers[i++]);
+    g.a = (void *)STARPU_VECTOR_GET_PTR(buffers[i++]);
+    g.b = (void *)STARPU_VECTOR_GET_PTR(buffers[i++]);
+    g.c = (void *)STARPU_VECTOR_GET_PTR(buffers[i++]);
+    if (a->bias) g.bias = (const float *)STARPU_VECTOR_GET_PTR(buffers[i]);
+    return g;
 }
 
 void gemm_cpu_func(void *buffers[], void *cl_arg) {
     auto *a = static_cast<GemmArgs *>(cl_arg);
-    kernels::gemm_cpu(a->shape, a->ta, (void *)STARPU_VECTOR_GET_PTR(buffers[0]), a->tb,
-                      (void *)STARPU_VECTOR_GET_PTR(buffers[1]), a->tc, (void *)STARPU_VECTOR_GET_PTR(buffers[2]),
-                      a->precision, bias_of(buffers, a));
+    auto g = buffers_of(buffers, a);
+    if (a->cast_a) kernels::convert_cpu(a->a_elements, DType::f32, g.a_source, a->ta, g.a);
+    kernels::gemm_cpu(a->shape, a->ta, g.a, a->tb, g.b, a->tc, g.c, a->precision, g.bias);
 }
 
 #ifdef NNTILE_USE_CUDA
@@ -36,9 +56,11 @@ void gemm_cuda_func(void *buffers[], void *cl_arg) {
     cublasHandle_t handle = starpu_cublas_get_local_handle();
     NNTILE_CHECK(cublasSetStream(handle, starpu_cuda_get_local_stream()) == CUBLAS_STATUS_SUCCESS,
                  "cublasSetStream failed");
-    kernels::gemm_cuda(handle, starpu_cuda_get_local_stream(), a->shape, a->ta,
-                       (void *)STARPU_VECTOR_GET_PTR(buffers[0]), a->tb, (void *)STARPU_VECTOR_GET_PTR(buffers[1]),
-                       a->tc, (void *)STARPU_VECTOR_GET_PTR(buffers[2]), a->precision, bias_of(buffers, a));
+    auto g = buffers_of(buffers, a);
+    if (a->cast_a)
+        kernels::convert_cuda(starpu_cuda_get_local_stream(), a->a_elements, DType::f32, g.a_source, a->ta, g.a);
+    kernels::gemm_cuda(handle, starpu_cuda_get_local_stream(), a->shape, a->ta, g.a, a->tb, g.b, a->tc, g.c,
+                       a->precision, g.bias);
 }
 #else
 constexpr starpu_cuda_func_t gemm_cuda_func = nullptr;
@@ -47,7 +69,7 @@ constexpr starpu_cuda_func_t gemm_cuda_func = nullptr;
 uint32_t gemm_footprint(starpu_task *task) {
     const auto &a = args_of<GemmArgs>(task);
     return hash_ints({a.shape.m, a.shape.n, a.shape.k, a.shape.trans_a, a.shape.trans_b, (int64_t)a.precision,
-                      (int64_t)a.ta, (int64_t)a.tb, (int64_t)a.tc, a.shape.beta == 0.f, a.bias});
+                      (int64_t)a.ta, (int64_t)a.tb, (int64_t)a.tc, a.shape.beta == 0.f, a.bias, a.cast_a});
 }
 
 starpu_codelet *cl_gemm() {
@@ -58,20 +80,23 @@ starpu_codelet *cl_gemm() {
 }  // namespace
 
 void submit_gemm(const kernels::GemmShape &s, Precision precision, DType ta, starpu_data_handle_t a, DType tb,
-                 starpu_data_handle_t b, DType tc, starpu_data_handle_t c, int priority, starpu_data_handle_t bias) {
-    auto *args = cl_args(GemmArgs{s, precision, ta, tb, tc, bias != nullptr});
+                 starpu_data_handle_t b, DType tc, starpu_data_handle_t c, int priority, starpu_data_handle_t bias,
+                 starpu_data_handle_t a_source, int64_t a_elements) {
+    auto *args = cl_args(GemmArgs{s, precision, ta, tb, tc, bias != nullptr, a_source != nullptr, a_elements});
     double flops = 2.0 * s.m * s.n * s.k;
     starpu_data_access_mode c_mode = s.beta == 0.f ? STARPU_W : STARPU_RW;
-    if (bias)
-        NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_gemm(), STARPU_R, a, STARPU_R, b, c_mode, c, STARPU_R, bias,
-                                               STARPU_CL_ARGS, args, sizeof(GemmArgs), STARPU_FLOPS, flops,
-                                               STARPU_PRIORITY, priority, STARPU_NAME, "gemm+bias", 0),
-                            "submitting gemm+bias m=" << s.m << " n=" << s.n << " k=" << s.k);
-    else
-        NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_gemm(), STARPU_R, a, STARPU_R, b, c_mode, c, STARPU_CL_ARGS, args,
-                                               sizeof(GemmArgs), STARPU_FLOPS, flops, STARPU_PRIORITY, priority,
-                                               STARPU_NAME, "gemm", 0),
-                            "submitting gemm m=" << s.m << " n=" << s.n << " k=" << s.k);
+    starpu_data_descr descr[5];
+    int nb = 0;
+    if (a_source) descr[nb++] = {a_source, STARPU_R};
+    descr[nb++] = {a, a_source ? STARPU_W : STARPU_R};
+    descr[nb++] = {b, STARPU_R};
+    descr[nb++] = {c, c_mode};
+    if (bias) descr[nb++] = {bias, STARPU_R};
+    const char *name = a_source ? (bias ? "cast+gemm+bias" : "cast+gemm") : (bias ? "gemm+bias" : "gemm");
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_gemm(), STARPU_DATA_MODE_ARRAY, descr, nb, STARPU_CL_ARGS, args,
+                                           sizeof(GemmArgs), STARPU_FLOPS, flops, STARPU_PRIORITY, priority,
+                                           STARPU_NAME, name, 0),
+                        "submitting " << name << " m=" << s.m << " n=" << s.n << " k=" << s.k);
     count_task();
 }
 

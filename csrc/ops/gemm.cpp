@@ -17,7 +17,7 @@ std::pair<int64_t, int64_t> op_dim(const TileTensor &x, bool trans, int which) {
 }  // namespace
 
 void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &c, float alpha, float beta,
-          Precision precision, bool k_over_places, TileTensor *bias) {
+          Precision precision, bool k_over_places, TileTensor *bias, TileTensor *a_source) {
     NNTILE_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2,
                  "gemm takes 2-d tile tensors (got " << a.ndim() << ", " << b.ndim() << ", " << c.ndim() << " dims)");
     NNTILE_CHECK(a.dtype() != DType::i64 && b.dtype() != DType::i64 && c.dtype() != DType::i64,
@@ -47,14 +47,32 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
                                                << ",) in tiles of " << (bias->ndim() ? bias->tile_shape()[0] : 0)
                                                << ")");
     }
+    std::vector<char> a_cast;  // per tile of A: written from a_source already
+    if (a_source) {
+        NNTILE_CHECK(!k_over_places, "gemm: A is cast from a source by the forward GEMM only (not with k_over_places)");
+        NNTILE_CHECK(a_source->dtype() == DType::f32 && a.dtype() == DType::bf16,
+                     "gemm: A cast from a source needs float32 source and bfloat16 A tiles (got "
+                         << dtype_name(a_source->dtype()) << " and " << dtype_name(a.dtype()) << ")");
+        NNTILE_CHECK(a_source->shape() == a.shape() && a_source->tile_shape() == a.tile_shape(),
+                     "gemm: A's source must have A's shape and tiles");
+        a_cast.assign((size_t)a.ntiles(), 0);
+    }
     auto submit = [&](int64_t i, int64_t j, int64_t k, float b0, starpu_data_handle_t hc, DType tc) {
         kernels::GemmShape s{c.tile_extent(0, i), c.tile_extent(1, j), std::min(ka.second, ka.first - k * ka.second),
                              trans_a, trans_b, alpha, b0};
-        auto ha = trans_a ? a.handle2(k, i) : a.handle2(i, k);
+        int64_t ra = trans_a ? k : i, ca = trans_a ? i : k;  // A's tile in A's own grid
+        auto ha = a.handle2(ra, ca);
         auto hb = trans_b ? b.handle2(j, k) : b.handle2(k, j);
         // the bias goes with the task that starts C's tile (k == 0), so it is added once
         starpu_data_handle_t hbias = bias && k == 0 ? bias->handle(j) : nullptr;
-        codelets::submit_gemm(s, precision, a.dtype(), ha, b.dtype(), hb, tc, hc, 0, hbias);
+        starpu_data_handle_t hsrc = nullptr;
+        int64_t a_elements = 0;
+        if (a_source && !a_cast[(size_t)(ra * a.grid()[1] + ca)]) {
+            a_cast[(size_t)(ra * a.grid()[1] + ca)] = 1;
+            hsrc = a_source->handle2(ra, ca);
+            a_elements = a.tile_extent(0, ra) * a.tile_extent(1, ca);
+        }
+        codelets::submit_gemm(s, precision, a.dtype(), ha, b.dtype(), hb, tc, hc, 0, hbias, hsrc, a_elements);
     };
     int64_t places = placement_count();
     if (!k_over_places || places == 1 || gk == 1) {
@@ -65,6 +83,7 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
                 for (int64_t k = 0; k < gk; ++k) submit(i, j, k, k == 0 ? beta : 1.f, c.handle2(i, j), c.dtype());
         }
         c.bump_version();
+        if (a_source) a.bump_version();
         return;
     }
     // K runs over row tiles spread over places (a weight gradient: sum over the batch). Place p sums the K

@@ -13,8 +13,11 @@ inline int64_t row_of(const TileTensor &x, int64_t t) { return x.ndim() == 0 ? 0
 // k_over_places: K runs over row tiles spread over places (a weight gradient): partial sums per place.
 // bias (a Linear's, float32 (n) tiled as C's columns): added to every row of C inside the first GEMM task of
 // each C tile (on GPUs in cuBLASLt's epilogue), not with k_over_places.
+// a_source (float32, A's shape and tiles; A bfloat16): A is written from it inside the first GEMM task that reads
+// each of A's tiles (a matmul input cast to bf16 without a task of its own), not with k_over_places.
 void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &c, float alpha, float beta,
-          Precision precision, bool k_over_places = false, TileTensor *bias = nullptr);
+          Precision precision, bool k_over_places = false, TileTensor *bias = nullptr,
+          TileTensor *a_source = nullptr);
 // db = beta * db + sum over rows of dy (M, N).
 void bias_grad(TileTensor &dy, TileTensor &db, float beta);
 // y = alpha x + beta y, tile by tile (same tiling).
