@@ -24,6 +24,10 @@
    allocations come from it (cudaMallocFromPoolAsync, then a synchronization of that stream alone). StarPU's own
    limit (STARPU_LIMIT_CUDA_MEM) still bounds what it allocates; cudaMemGetInfo's check is skipped (the pool's free
    memory is invisible to it). 1.4.10's CUDA driver allocates and frees the same way, and is patched the same.
+5. no cudaDeviceReset after measuring the bus (the first start on a machine, or with a new STARPU_HOME): it destroyed
+   the GPU's primary context, which torch shares, so a process whose torch had already put tensors on the GPU found
+   them gone ("an illegal memory access was encountered" at its next CUDA call). Freeing the measuring buffers, as
+   StarPU does before the reset, is all the measurement needs.
 Idempotent: an already patched tree is left as it is."""
 import pathlib
 import sys
@@ -205,4 +209,10 @@ patch("src/drivers/cuda/driver_cuda.c", [
      "\t{\n\t\tnntile_cuda_pool_free(devid, addr); /* nntile_torch */\n\t\treturn;\n\t}\n"
      "\terr = cudaFree((void*)addr);\n"),
 ])
-print(f"patched StarPU {series} sources (CUDA 13, host memory size, eviction settings, GPU buffer pool)")
+bus = root / "src/core/perfmodel/perfmodel_bus.c"
+reset = "#if CUDART_VERSION >= 4000\n\tcudaDeviceReset();\n#else\n\tcudaThreadExit();\n#endif\n"
+if series == "1.3" or reset in bus.read_text():
+    patch("src/core/perfmodel/perfmodel_bus.c", [(
+        reset, "\t/* nntile_torch: no cudaDeviceReset (it frees the CUDA memory of torch in the same process) */\n")])
+print(f"patched StarPU {series} sources (CUDA 13, host memory size, eviction settings, GPU buffer pool, "
+      "no device reset)")

@@ -340,6 +340,24 @@ def test_disk_node_is_emptied_when_the_process_exits_without_shutdown(tmp_path):
     assert left == [], left[:5]
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or not nt._C.built_with_cuda, reason="requires CUDA")
+def test_torch_gpu_tensors_outlive_the_first_start_on_a_machine(tmp_path):
+    """The first start with a new StarPU home measures the bus; StarPU 1.3.10 then reset the GPU, which freed the
+    memory torch had already allocated (the next CUDA call failed with an illegal memory access)."""
+    import subprocess
+    import sys
+    code = ("import torch, nntile_torch as nt\n"
+            "x = torch.arange(1000.0, device='cuda')\n"
+            "nt.init()\n"
+            "t = nt.TileTensor.from_dense(x.reshape(10, 100), (5, 50))\n"
+            "assert float((x * 2).sum()) == 999000.0 and torch.equal(t.materialize().reshape(-1), x)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, STARPU_HOME=str(tmp_path)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert list(tmp_path.rglob("*.bandwidth")), "StarPU did not measure the bus in the new home"
+
+
 def test_tiles_beyond_every_memory_node_raise_instead_of_hanging():
     """With a host limit and no lower tier, StarPU would wait forever for memory: creating tiles that cannot
     fit raises; freeing tensors makes room again."""
