@@ -1,10 +1,16 @@
-// LayerNorm through ATen on tiles (CPU and CUDA).
+// LayerNorm through ATen on tiles (CPU and CUDA; the CUDA forward is layer_norm_cuda.cu's).
 #include "layer_norm.h"
 
 namespace nntile::kernels {
 
 void layer_norm_forward(const Where &w, int64_t m, int64_t c, float eps, const float *x, const float *weight,
                         const float *bias, float *y, float *mean, float *rstd) {
+#ifdef NNTILE_USE_CUDA
+    if (w.cuda) {
+        layer_norm_forward_cuda(static_cast<cudaStream_t>(w.stream), m, c, eps, x, weight, bias, y, mean, rstd);
+        return;
+    }
+#endif
     StreamScope scope(w);
     std::optional<at::Tensor> wt, bt;
     if (weight) wt = wrap(weight, {c}, w);

@@ -1,7 +1,10 @@
-// LayerNorm over the last dimension of a row-major (m, c) fp32 tile holding whole rows, with ATen's kernels
-// (the same numbers as torch.nn.LayerNorm).
+// LayerNorm over the last dimension of a row-major (m, c) fp32 tile holding whole rows: ATen's kernels (the same
+// numbers as torch.nn.LayerNorm), the forward on GPUs our own kernel (one launch; the same numbers to rounding).
 #pragma once
 #include <cstdint>
+#ifdef NNTILE_USE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #include "aten_tile.h"
 
@@ -10,6 +13,10 @@ namespace nntile::kernels {
 // y = (x - mean) * rstd * weight + bias; mean, rstd (m,) kept for backward. weight/bias may be null.
 void layer_norm_forward(const Where &w, int64_t m, int64_t c, float eps, const float *x, const float *weight,
                         const float *bias, float *y, float *mean, float *rstd);
+#ifdef NNTILE_USE_CUDA
+void layer_norm_forward_cuda(cudaStream_t stream, int64_t m, int64_t c, float eps, const float *x,
+                             const float *weight, const float *bias, float *y, float *mean, float *rstd);
+#endif
 // dx (m, c) written; dweight, dbias (c,) accumulated (beta = 0 overwrites them, 1 adds). Null when absent.
 void layer_norm_backward(const Where &w, int64_t m, int64_t c, const float *dy, const float *x, const float *mean,
                          const float *rstd, const float *weight, float *dx, float *dweight, float *dbias, float beta);
