@@ -1,6 +1,7 @@
 // StarPU start-up and shutdown with the project's defaults, memory limits and optional disk node.
 #include "runtime.h"
 
+#include <cstring>
 #include <execinfo.h>
 #include <optional>
 #include <omp.h>
@@ -411,21 +412,26 @@ void runtime_init(const RuntimeConfig &cfg) {
 namespace {
 std::mutex task_error_mutex;
 std::string task_error;  // first failure since the last raise
-bool task_error_oom = false;
+// What Python sees it as: RuntimeError, torch.OutOfMemoryError (a failed allocation), IndexError (an index
+// check: torch raises IndexError for an out-of-range index too).
+enum class TaskErrorKind { other, out_of_memory, index };
+TaskErrorKind task_error_kind = TaskErrorKind::other;
 std::atomic<bool> task_failed{false};  // task_error is set: checked on every submission without the lock
 
-// Takes the recorded error (empty when none) and whether it was an out-of-memory one.
-std::pair<std::string, bool> take_task_error() {
+// Takes the recorded error (empty when none) and its kind.
+std::pair<std::string, TaskErrorKind> take_task_error() {
     std::lock_guard<std::mutex> lock(task_error_mutex);
-    std::pair<std::string, bool> e{std::move(task_error), task_error_oom};
+    std::pair<std::string, TaskErrorKind> e{std::move(task_error), task_error_kind};
     task_error.clear();
-    task_error_oom = false;
+    task_error_kind = TaskErrorKind::other;
     task_failed.store(false);
     return e;
 }
 
-[[noreturn]] void throw_task_error(const std::pair<std::string, bool> &e) {
-    if (e.second)
+[[noreturn]] void throw_task_error(const std::pair<std::string, TaskErrorKind> &e) {
+    if (e.second == TaskErrorKind::index)
+        TORCH_CHECK_WITH(IndexError, false, e.first, " (results written by that task are undefined)");
+    if (e.second == TaskErrorKind::out_of_memory)
         TORCH_CHECK_WITH(OutOfMemoryError, false, e.first,
                          " (out of memory inside the task's kernel: on a GPU that is torch's share, what "
                          "init(cuda_memory_limit=...) leaves it; on the host, RAM. Use smaller tiles or batch, or leave "
@@ -496,7 +502,9 @@ void record_task_error(const char *op, const char *what) {
     std::string message = what;
     const size_t trace = message.find("\nException raised from");  // c10's C++ backtrace, when it has one
     if (trace != std::string::npos) message.resize(trace);
-    task_error_oom = is_out_of_memory(message);
+    task_error_kind = std::strcmp(op, "index_check") == 0 ? TaskErrorKind::index
+                      : is_out_of_memory(message)       ? TaskErrorKind::out_of_memory
+                                                        : TaskErrorKind::other;
     task_error = std::string("a ") + op + " task failed: " + message;
     task_failed.store(true);
 }
