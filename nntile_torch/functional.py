@@ -160,9 +160,9 @@ class LinearFunction(torch.autograd.Function):
         x2 = as_matrix_tiles(x, batch_tile, wt.tile_shape[k_dim])
         m, n = x2.shape[0], wt.shape[n_dim]
         per_use = precision == "bf16" and getattr(weight, "_nntile_bf16_per_use", False)
-        source = None
+        source, apart = None, getattr(weight, "_nntile_cast_apart", False)  # MemoryPlan.apply sets it
         if precision == "bf16":
-            (x2, source), wc, mode = _cast_in_gemm(x2), weight_bf16(weight), "fp32"
+            (x2, source), wc, mode = (to_bf16(x2), None) if apart else _cast_in_gemm(x2), weight_bf16(weight), "fp32"
         else:
             wc, mode = wt, precision
         y = _C.TileTensor([m, n], [x2.tile_shape[0], wt.tile_shape[n_dim]], "float32", "linear.y")
@@ -176,7 +176,7 @@ class LinearFunction(torch.autograd.Function):
             keep(ctx, x.device, x2)  # the weight's tiles and bf16 copy live with the weight: attributes
         ctx.wt, ctx.wc, ctx.mode, ctx.has_bias, ctx.w_in_out = wt, wc, mode, bias is not None, w_in_out
         ctx.x_shape, ctx.x_device, ctx.saved_device = x.shape, x.device, weight.device
-        ctx.batch_tile, ctx.precision, ctx.n_dim = batch_tile, precision, n_dim
+        ctx.batch_tile, ctx.precision, ctx.n_dim, ctx.cast_apart = batch_tile, precision, n_dim, apart
         return TileTensor(y, (*x.shape[:-1], n), x.device)
 
     @staticmethod
@@ -189,7 +189,8 @@ class LinearFunction(torch.autograd.Function):
         dy2 = as_matrix_tiles(dy, ctx.batch_tile, n_tile)
         dyc, source = dy2, None
         if ctx.precision == "bf16":  # cast by the dx GEMM, or on its own when there is none
-            dyc, source = _cast_in_gemm(dy2) if ctx.needs_input_grad[0] else (to_bf16(dy2), None)
+            apart = ctx.cast_apart or not ctx.needs_input_grad[0]
+            dyc, source = (to_bf16(dy2), None) if apart else _cast_in_gemm(dy2)
         dx = dw = db = None
         if ctx.needs_input_grad[0]:  # dx = dy W (N, K layout) or dy W^T (K, N layout)
             g = _C.TileTensor(list(x2.shape), list(x2.tile_shape), "float32", "linear.dx")

@@ -50,10 +50,11 @@ def test_cross_entropy_all_ignored_and_bad_targets(device):
     labels = torch.full((10,), -100, device=device)
     assert torch.isnan(F.cross_entropy(t, labels).materialize()) and torch.isnan(F.cross_entropy(x, labels))
     assert F.cross_entropy(t, labels, reduction="sum").materialize().item() == 0.0
-    with pytest.raises(IndexError, match="target 50 is out of bounds"):
-        F.cross_entropy(t, torch.full((10,), 50, device=device))
-    with pytest.raises(IndexError, match="out of bounds"):
-        F.cross_entropy(t, torch.full((10,), -3, device=device))
+    # labels on a GPU are checked by a task: the error comes at the next wait
+    with pytest.raises(IndexError, match="target 50 is out of bounds|index 50 is out of range"):
+        F.cross_entropy(t, torch.full((10,), 50, device=device)).materialize()
+    with pytest.raises(IndexError, match="out of bounds|out of range"):
+        F.cross_entropy(t, torch.full((10,), -3, device=device)).materialize()
     with pytest.raises(TypeError, match="integer dtype"):
         F.cross_entropy(t, torch.zeros(10, device=device))
     with pytest.raises(ValueError, match="shape"):

@@ -497,15 +497,16 @@ def test_waits_are_counted_in_from_dense_and_index_checks_are_tasks(device):
     before = nt.stats()["blocking_waits"]
     t = nt.TileTensor.from_dense(torch.randn(64, 64), (32, 32))
     assert nt.stats()["blocking_waits"] == before
-    a = _C.TileTensor([512, 512], [512, 512])
-    a.from_dense(torch.randn(512, 512) / 512)
-    busy = _C.TileTensor([512, 512], [512, 512])
-    busy.from_dense(torch.zeros(512, 512))
-    for _ in range(20):  # ~0.1 s of work queued on `busy`
+    n = 8192 if device == "cuda" else 512  # ~0.1 s of work queued on `busy` (20 GEMMs: on an H200 at 8192)
+    a = _C.TileTensor([n, n], [n, n])
+    a.from_dense(torch.randn(n, n) / n)
+    busy = _C.TileTensor([n, n], [n, n])
+    busy.from_dense(torch.zeros(n, n))
+    for _ in range(20):
         _C.gemm(False, a, False, a, busy, 1.0, 1.0)
     assert nt.stats()["tasks_pending"] > 0
     before = nt.stats()["blocking_waits"]
-    busy.from_dense(torch.zeros(512, 512))
+    busy.from_dense(torch.zeros(n, n))
     assert nt.stats()["blocking_waits"] - before == 1
     emb = nt.nn.Embedding(10, 8, tile_size=8, device=device)
     out = EmbeddingFunction.apply(torch.tensor([[1, 12, 3]], device=device), emb.weight, 8, "Embedding")

@@ -132,6 +132,35 @@ def test_gemm_casts_its_input_inside_its_first_task(trans_a, device):
         nt._C.gemm(trans_a, a, True, bt.tiles, ct, 1.0, 0.0, "fp32", k_over_places=True, a_source=st.tiles)
 
 
+@pytest.mark.parametrize("apart", [False, True], ids=["cast in the GEMM", "cast apart (beyond GPU memory)"])
+def test_bf16_linear_casts_its_inputs_in_its_gemms(apart, device):
+    # bf16: x and dy are cast to bf16 inside the first GEMM task that reads each tile (no convert task between
+    # their producer and the GEMM), unless the memory plan streams the model (then as tasks of their own); the
+    # results are the same either way. x (33, 37): 5 x 3 tiles of (8, 16); dy (33, 53): 5 x 4 tiles.
+    rows, k_tiles, n_tiles = 5, 3, 4
+    torch.manual_seed(3)
+    x, gy = torch.randn(3, 11, 37, device=device), torch.randn(3, 11, 53, device=device)
+    results = []
+    for cast_apart in (apart, not apart):
+        ours, _ = make_pair(37, 53, True, 16, 8, device, "bf16")
+        ours.weight._nntile_cast_apart = cast_apart
+        nt.functional.weight_bf16(ours.weight)  # the weight's own bf16 copy, made once per version: not counted
+        with nt.task_trace() as records:
+            y, grads = run(ours, x, gy)
+            results.append([y.materialize(), *(g.materialize() for g in grads)])
+        names = [r["name"] for r in records]
+        if cast_apart:
+            assert "cast+gemm+bias" not in names and "cast+gemm" not in names
+            assert names.count("convert") == rows * k_tiles + rows * n_tiles
+        else:
+            assert names.count("convert") == 0
+            # x: each tile with its first GEMM (the bias with k == 0's); dy: each tile with its first dx GEMM
+            assert names.count("cast+gemm+bias") == rows
+            assert names.count("cast+gemm") == rows * (k_tiles - 1) + rows * n_tiles
+    for a, b in zip(*results):
+        assert torch.equal(a.cpu(), b.cpu())
+
+
 def test_gradients_accumulate(device):
     ours, ref = make_pair(37, 53, True, 16, 8, device)
     x = torch.randn(3, 11, 37, device=device)

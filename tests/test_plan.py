@@ -307,6 +307,7 @@ def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, 
     assert plan.bf16_per_use and len(per_use) == 2 * 4 and all(n.startswith(("transformer.h.0.", "transformer.h.1."))
                                                                for n in per_use)
     ours = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37, plan=plan)
+    assert plan.beyond_gpu and all(p._nntile_cast_apart for p in ours.parameters())  # casts as their own tasks
     if device == "cpu":
         ours._nntile_streamer.nodes = [0]
     ours._nntile_streamer.state_ahead = 0  # the early state fetch too (off by default)
