@@ -15,8 +15,9 @@ every stage starts where the previous one ended:
 Not seen here: how long after A's last kernel the driver noticed (it polls CUDA events) and how long B's first
 kernel takes from its launch to its start on the GPU (a few microseconds).
 
-    python -m benchmarks.dispatch trace.json    # a saved trace (a list of records): its summary, every worker
+    python -m benchmarks.dispatch trace.json    # a saved trace (a list of records; .json.gz too): its summary
 """
+import gzip
 import json
 import statistics
 import sys
@@ -93,7 +94,7 @@ def report(summary):
 
 def main(argv=None):
     path = (argv or sys.argv[1:])[0]
-    with open(path) as f:
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
         records = json.load(f)
     print(report(summarize(records, kind=None)))
 
