@@ -359,9 +359,9 @@ class MemoryPlan:
         per_use = set(self.bf16_per_use_parameter_names())
         for name, p in model.named_parameters():
             p._nntile_plan_name = name
-            # Beyond GPU memory a bf16 matmul's input is cast by a task of its own, as when the streamed schedule
-            # was measured (13B: 375.7 TFLOP/s); cast inside the GEMM (the default) the task holds the float32
-            # source and the bf16 copy at once, and 13B measured 345.7 (one run, not yet separated from noise).
+            # Beyond GPU memory a bf16 matmul's input is cast by a task of its own: cast inside the GEMM (the
+            # default) the GEMM's task holds the float32 source and its bf16 copy at once, and 13B at batch 32 took
+            # 5 GiB more host RAM (107.4 against 102.2 GiB; benchmarks/results/h200/inside_gpu_v3).
             p._nntile_cast_apart = self.beyond_gpu
             if name in per_use:  # functional.weight_bf16 makes its copy per use from now on; the kept one goes
                 p._nntile_bf16_per_use = True
