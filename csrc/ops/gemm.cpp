@@ -49,7 +49,8 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
     }
     std::vector<char> a_cast;  // per tile of A: written from a_source already
     if (a_source) {
-        NNTILE_CHECK(!k_over_places, "gemm: A is cast from a source by the forward GEMM only (not with k_over_places)");
+        NNTILE_CHECK(!k_over_places, "gemm: A is cast from a source only in a GEMM whose K stays in one place "
+                                     "(not with k_over_places)");
         NNTILE_CHECK(a_source->dtype() == DType::f32 && a.dtype() == DType::bf16,
                      "gemm: A cast from a source needs float32 source and bfloat16 A tiles (got "
                          << dtype_name(a_source->dtype()) << " and " << dtype_name(a.dtype()) << ")");
