@@ -97,13 +97,13 @@ def _bf16_like(t):
     return _C.TileTensor(list(t.shape), list(t.tile_shape), "bfloat16", t.name + ".bf16")
 
 
-def _cast_in_gemm(t):
-    """For a bf16 matmul's input A: (bf16 tiles, float32 source or None). With a source, the GEMM writes the bf16
-    tiles itself, inside its first task that reads each tile (gemm's a_source): no task of its own between the
-    producer of A and the GEMM, where the GPU would idle while StarPU dispatches it."""
+def _bf16_input(t, apart):
+    """A bf16 matmul's input A as (bf16 tiles, float32 source or None). With a source, the GEMM writes the bf16 tiles
+    itself, inside its first task that reads each tile (gemm's a_source): no task of its own between the producer of
+    A and the GEMM, where the GPU would idle while StarPU dispatches it. apart: a convert task makes them first."""
     if t.dtype == "bfloat16":
         return t, None
-    return _bf16_like(t), t
+    return (to_bf16(t), None) if apart else (_bf16_like(t), t)
 
 
 def keep_as_bf16_master(param, on_host=False):
@@ -162,7 +162,7 @@ class LinearFunction(torch.autograd.Function):
         per_use = precision == "bf16" and getattr(weight, "_nntile_bf16_per_use", False)
         source, apart = None, getattr(weight, "_nntile_cast_apart", False)  # MemoryPlan.apply sets it
         if precision == "bf16":
-            (x2, source), wc, mode = (to_bf16(x2), None) if apart else _cast_in_gemm(x2), weight_bf16(weight), "fp32"
+            (x2, source), wc, mode = _bf16_input(x2, apart), weight_bf16(weight), "fp32"
         else:
             wc, mode = wt, precision
         y = _C.TileTensor([m, n], [x2.tile_shape[0], wt.tile_shape[n_dim]], "float32", "linear.y")
@@ -189,8 +189,7 @@ class LinearFunction(torch.autograd.Function):
         dy2 = as_matrix_tiles(dy, ctx.batch_tile, n_tile)
         dyc, source = dy2, None
         if ctx.precision == "bf16":  # cast by the dx GEMM, or on its own when there is none
-            apart = ctx.cast_apart or not ctx.needs_input_grad[0]
-            dyc, source = (to_bf16(dy2), None) if apart else _cast_in_gemm(dy2)
+            dyc, source = _bf16_input(dy2, ctx.cast_apart or not ctx.needs_input_grad[0])
         dx = dw = db = None
         if ctx.needs_input_grad[0]:  # dx = dy W (N, K layout) or dy W^T (K, N layout)
             g = _C.TileTensor(list(x2.shape), list(x2.tile_shape), "float32", "linear.dx")
