@@ -5,20 +5,25 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 namespace nntile::kernels {
 
 // The fused ATen kernels are called directly, forward and backward: calling autograd from a StarPU worker would
 // need torch's per-device autograd thread, which may be waiting for this very task (a deadlock seen on the GPU).
 namespace {
-// (nseq * seq, 3c) -> q, k, v each (nseq, nheads, seq, hd), the layout scaled_dot_product_attention gets from
-// Hugging Face's GPT-2 (contiguous per (sequence, position), heads transposed in front).
+// (nseq * seq, 3c) -> q, k, v each (nseq, nheads, seq, hd): views of one tensor (nseq, seq, 3, nheads, hd), the
+// strides scaled_dot_product_attention gets from Hugging Face's GPT-2 (its qkv split, heads transposed in front),
+// which every fused kernel takes. At most one kernel for the three (the bf16 cast, or the copy that pads); three
+// casts and copies cost the worker ~25 us of launches per tile while the GPU waited.
 // On GPUs the head size is zero-padded to a multiple of 8 (the memory-efficient kernel's alignment): zero
 // columns change neither q.k nor the first hd columns of the output, so the result is exact.
 int64_t padded_hd(const Where &w, int64_t hd) { return w.cuda ? (hd + 7) / 8 * 8 : hd; }
@@ -27,13 +32,27 @@ std::array<at::Tensor, 3> split_heads(const Where &w, const at::Tensor &qkv, int
                                       int64_t nheads, bool bf16) {
     int64_t hd = c / nheads, hp = padded_hd(w, hd);
     auto t = qkv.view({nseq, seq, 3, nheads, hd});
-    auto part = [&](int64_t i) {
-        auto x = t.select(2, i);
-        if (bf16) x = x.to(at::kBFloat16);
-        x = hp == hd ? x.contiguous() : at::constant_pad_nd(x, {0, hp - hd});
-        return x.transpose(1, 2);
-    };
-    return {part(0), part(1), part(2)};
+    if (hp != hd) {
+        auto padded = at::zeros({nseq, seq, 3, nheads, hp}, t.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+        padded.narrow(4, 0, hd).copy_(t);
+        t = padded;
+    } else if (bf16) {
+        t = t.to(at::kBFloat16);
+    }
+    return {t.select(2, 0).transpose(1, 2), t.select(2, 1).transpose(1, 2), t.select(2, 2).transpose(1, 2)};
+}
+
+// The output's gradient g (nseq, nheads, seq, hd), float32, as the kernels read it: (.., hp) of q's dtype, itself
+// when that changes nothing, else one copy kernel (and a fill of the zero columns); in like's strides when like
+// is given.
+at::Tensor grad_as(const at::Tensor &g, int64_t hp, at::ScalarType dtype, const at::Tensor &like) {
+    const int64_t hd = g.size(3);
+    if (!like.defined() && hp == hd && dtype == g.scalar_type()) return g;
+    at::Tensor out = like.defined() ? at::empty_like(like)
+                                    : at::empty({g.size(0), g.size(1), g.size(2), hp}, g.options().dtype(dtype));
+    if (hp != hd) out.narrow(3, hd, hp - hd).zero_();
+    out.narrow(3, 0, hd).copy_(g);
+    return out;
 }
 
 // (nseq, nheads, seq, hp) -> (nseq, seq, nheads, hd)
@@ -63,10 +82,25 @@ int choose(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::T
     if (!causal || q.scalar_type() != at::kBFloat16) return kEfficient;
     int b = setting.load(std::memory_order_relaxed);
     if (b < 0) {
-        try {
-            b = (int)at::_fused_sdp_choice(q, k, v, std::nullopt, 0.0, /*is_causal=*/true, (double)scale);
-        } catch (const c10::Error &) {
-            b = kEfficient;
+        // torch's choice for this geometry, asked once per worker thread (its checks cost tens of microseconds of
+        // launch time per tile): q, k and v are views of one tensor, so q's sizes and strides and the device say it.
+        thread_local std::vector<std::pair<std::vector<int64_t>, int>> known;
+        std::vector<int64_t> key(q.sizes().begin(), q.sizes().end());
+        key.insert(key.end(), q.strides().begin(), q.strides().end());
+        key.push_back(q.get_device());
+        int64_t scale_bits = 0;
+        std::memcpy(&scale_bits, &scale, sizeof scale);
+        key.push_back(scale_bits);
+        auto it = std::find_if(known.begin(), known.end(), [&](const auto &kv) { return kv.first == key; });
+        if (it != known.end()) {
+            b = it->second;
+        } else {
+            try {
+                b = (int)at::_fused_sdp_choice(q, k, v, std::nullopt, 0.0, /*is_causal=*/true, (double)scale);
+            } catch (const c10::Error &) {
+                b = kEfficient;
+            }
+            known.emplace_back(std::move(key), b);
         }
     }
     if ((b != kFlash && b != kCudnn) || refused[b].load()) return kEfficient;
@@ -151,14 +185,12 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
     const bool causal = !bias.defined();
     const std::optional<at::Tensor> opt_bias = causal ? std::nullopt : std::optional<at::Tensor>(bias);
     auto f = attend(w, q, k, v, scale, bias);  // recomputed: nothing of the forward is kept between the passes
-    auto g = wrap(dy, {nseq, seq, nheads, hd}, w);
-    if (bf16) g = g.to(at::kBFloat16);
-    g = (hp == hd ? g : at::constant_pad_nd(g, {0, hp - hd})).transpose(1, 2);
+    const auto dy_view = wrap(dy, {nseq, seq, nheads, hd}, w).transpose(1, 2);  // (nseq, nheads, seq, hd)
     at::Tensor gq, gk, gv;
     if (f.backend == kCudnn) {
         try {
-            auto g_like_out = at::empty_like(f.out);  // cuDNN reads the output's gradient with the output's strides
-            g_like_out.copy_(g);
+            // cuDNN reads the output's gradient with the output's strides
+            auto g_like_out = grad_as(dy_view, hp, q.scalar_type(), f.out);
             std::tie(gq, gk, gv) = at::_scaled_dot_product_cudnn_attention_backward(
                 g_like_out, q, k, v, f.out, f.logsumexp, f.philox_seed, f.philox_offset, at::Tensor(), f.cum_seq_q,
                 f.cum_seq_k, f.max_q, f.max_k, 0.0, /*is_causal=*/true, (double)scale);
@@ -166,7 +198,9 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
             refuse(kCudnn, "backward", e);
             f = attend(w, q, k, v, scale, bias);  // memory-efficient from now on
         }
-    } else if (f.backend == kFlash) {
+    }
+    const at::Tensor g = gq.defined() ? at::Tensor() : grad_as(dy_view, hp, q.scalar_type(), at::Tensor());
+    if (f.backend == kFlash) {
         try {
             std::tie(gq, gk, gv) = at::_scaled_dot_product_flash_attention_backward(
                 g, q, k, v, f.out, f.logsumexp, f.cum_seq_q, f.cum_seq_k, f.max_q, f.max_k, 0.0, /*is_causal=*/true,
