@@ -85,9 +85,15 @@ def throughput_table(rows):
         lines.append(f"| {r['config']} | {fmt_params(r['params'])} | {r['backend']} | {variant(r)} | "
                      f"{r['precision']} | {r['gpus']} | {r['batch']} x {r['seq']} | {status.replace('|', '/')} | "
                      f"{_tokens(r)} | {_f(r, 'tflops', '.1f')} | {_f(r, 'mfu', '.2f')} | "
-                     f"{_f(r, 'step_s', '.3f')} | {_gib(r.get('peak_gpu_bytes'))} | {_gib(r.get('peak_host_bytes'))} | "
-                     f"{_f(r, 'loss', '.4f')} |")
+                     f"{_f(r, 'step_s', '.3f')}{_longer_warmup(r)} | {_gib(r.get('peak_gpu_bytes'))} | "
+                     f"{_gib(r.get('peak_host_bytes'))} | {_f(r, 'loss', '.4f')} |")
     return "\n".join(lines)
+
+
+def _longer_warmup(r):
+    """' (N warm-up)' when the worker warmed up longer than asked (memory still grew: benchmarks.worker.WarmUp)."""
+    used = r.get("warmup_used")
+    return f" ({used} warm-up)" if used is not None and used > r.get("warmup", used) else ""
 
 
 def capacity(records):

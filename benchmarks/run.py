@@ -342,6 +342,7 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
         spec = {"backend": a["backend"], "flags": [f for f in a["variant"].split("+") if f != "plain"],
                 "config": a["config"], "precision": a["precision"], "batch": args.batch, "seq": args.seq,
                 "steps": args.steps, "warmup": args.warmup, "seed": args.seed, "data_pool": args.data_pool,
+                "max_warmup": args.max_warmup if a["mode"] == "throughput" else args.warmup,
                 "lr": args.lr, "weight_decay": 0.01, "params": params, "cpu": cpu_only,
                 "init_device": args.init_device, "zero_init": args.zero_init or a["mode"] == "capacity",
                 "ds_optimizer": args.ds_optimizer, "nvme_path": args.nvme_path,
@@ -406,7 +407,7 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
         bad = [r for r in ranks if r["status"] != "ok"]
         worst = bad[0] if bad else first
         rec.update(status=worst["status"], reason=worst["reason"])
-        for k in ("step_s", "step_times", "losses", "loss", "setup_s", "env", "timeline", "dispatch"):
+        for k in ("step_s", "step_times", "warmup_used", "losses", "loss", "setup_s", "env", "timeline", "dispatch"):
             if k in first:
                 rec[k] = first[k]
         if first.get("gpus") is not None and not cpu_only:
@@ -468,7 +469,11 @@ def parse_args(argv=None):
     ap.add_argument("--seq", type=int, default=1024, help="sequence length (default 1024)")
     ap.add_argument("--steps", type=int, default=5,
                     help="timed steps after warm-up; the median is reported (default 5)")
-    ap.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="untimed steps first, at least (default 2); in throughput mode warm-up goes on while a step "
+                         "still raises the peak host or GPU memory by more than 1%%, up to --max-warmup steps")
+    ap.add_argument("--max-warmup", type=int,
+                    help="most warm-up steps while memory still grows (default --warmup + 4; = --warmup: fixed)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="throughput: run every attempt N times, in rounds (each attempt once per round); one process "
                          "differs from the next by up to 5%% on the H200, so the report gives the median and the "
@@ -526,6 +531,10 @@ def parse_args(argv=None):
             ap.error(f"--{k} must be positive (got {getattr(args, k)})")
     if args.warmup < 0:
         ap.error(f"--warmup must be >= 0 (got {args.warmup})")
+    if args.max_warmup is None:
+        args.max_warmup = args.warmup + 4
+    elif args.max_warmup < args.warmup:
+        ap.error(f"--max-warmup must be >= --warmup ({args.warmup}) (got {args.max_warmup})")
     if args.repeat < 1:
         ap.error(f"--repeat must be positive (got {args.repeat})")
     if args.repeat > 1 and args.mode != "throughput":
@@ -587,7 +596,9 @@ def main(argv=None):
     where = f"{ngpus} x {info['gpu']}" if ngpus else "CPU only"
     print(f"benchmarks.run: {where}" + (f", torch {info['torch']}" if info["torch"] else "") +
           (", matmul peak " + ", ".join(f"{k} {v:.0f}" for k, v in peaks.items()) + " TFLOP/s" if peaks else "") +
-          f"; batch {args.batch} x seq {args.seq}, {args.warmup} warm-up + {args.steps} timed steps; "
+          f"; batch {args.batch} x seq {args.seq}, {args.warmup} warm-up"
+          + (f" (up to {args.max_warmup} while memory grows)" if args.max_warmup > args.warmup
+             and args.mode == "throughput" else "") + f" + {args.steps} timed steps; "
           f"results in {args.out}", flush=True)
     if args.steps < 5:
         print(f"note: {args.steps} timed steps (a median over at least 5 is the convention for reported figures)")

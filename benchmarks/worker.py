@@ -500,6 +500,40 @@ class SlowStepReport:
         self._stop.set()
 
 
+class WarmUp:
+    """How many of an attempt's first steps go untimed: at least `steps`, and while the last of them raised the
+    process's peak host RAM or the GPU's peak memory by more than `growth`, one more, up to `most`. The first steps
+    of a model beyond GPU memory still allocate (StarPU pins host buffers as it first evicts tiles): 13B on the H200
+    took 9-15 s for steps 1-2 against 6.7 s once its host RAM stopped growing, and timing them made one tree look
+    35% slower than another on the same machine."""
+
+    def __init__(self, steps, most, growth=0.01):
+        self.steps, self.most, self.growth = steps, max(steps, most), growth
+        self._last = None  # the peaks after the previous step
+
+    def after_step(self, s, peaks, any_rank=lambda flag: flag):
+        """Step s (0-based) ended with these peaks (GiB, any fixed order); True when warm-up got one step longer.
+        any_rank makes the ranks of a distributed attempt agree (each calls it at the same step)."""
+        last, self._last = self._last, tuple(peaks)
+        if s != self.steps - 1 or self.steps >= self.most:
+            return False
+        grew = last is None or any(now > before * (1 + self.growth) for now, before in zip(peaks, last))
+        if not any_rank(grew):
+            return False
+        self.steps += 1
+        return True
+
+
+def _on_any_rank(flag, device, world):
+    """flag on one rank or more (every rank calls it at the same step, so that all keep the same step count)."""
+    if world == 1:
+        return flag
+    import torch.distributed as dist
+    t = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def run_attempt(spec, rank, world):
     cuda = torch.cuda.is_available() and not spec["cpu"]
     res = {"status": "ok", "reason": None, "rank": rank, "world": world}
@@ -527,7 +561,9 @@ def run_attempt(spec, rank, world):
         if stats is not None:
             nt_mod = sys.modules["nntile_torch"]
             slow = SlowStepReport(lambda: f"{nt_mod.memory_nodes_report()}. {nt_mod.memory_advice()}")
-        for s in range(spec["warmup"] + spec["steps"]):
+        warm = WarmUp(spec["warmup"], spec.get("max_warmup", spec["warmup"]))
+        s = 0
+        while s < warm.steps + spec["steps"]:
             ids = batch_ids(spec, s, vocab)[rank * per_rank:(rank + 1) * per_rank].to(device)
             sync()
             t = time.perf_counter()
@@ -546,6 +582,11 @@ def run_attempt(spec, rank, world):
             if stats is not None:
                 mem += f", peak tiles {stats()['peak_tile_bytes'] / 2**30:.1f} GiB"
             print(f"step {s}: {times[-1]:.3f} s, loss {value:.4f}{mem}, peak host {host:.1f} GiB", flush=True)
+            peaks = (host, monitor.peak / 2**30 if monitor is not None else 0.0)
+            if warm.after_step(s, peaks, lambda flag: _on_any_rank(flag, device, world)):
+                print(f"step {s} still raised the peak memory by more than {warm.growth:.0%}: warm-up goes on "
+                      f"({warm.steps} steps, at most {warm.most})", flush=True)
+            s += 1
         if world > 1:
             import torch.distributed as dist
             t = torch.tensor(losses, dtype=torch.float64, device=device)
@@ -573,8 +614,9 @@ def run_attempt(spec, rank, world):
                 json.dump(records, f)
             res["dispatch"] = dispatch.summarize(records)
             print(dispatch.report(res["dispatch"]), flush=True)
-        timed = times[spec["warmup"]:]
-        res.update(step_s=statistics.median(timed), step_times=times, losses=losses, loss=losses[-1])
+        timed = times[warm.steps:]
+        res.update(step_s=statistics.median(timed), step_times=times, losses=losses, loss=losses[-1],
+                   warmup_used=warm.steps)
         if stats is not None:
             res["env"]["nntile_stats"] = stats()
     except Unavailable as e:

@@ -13,8 +13,9 @@ from benchmarks.configs import CONFIGS, flops_per_token, param_count
 from benchmarks.run import code_commit, machine_name, parse_backends
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A fixed warm-up (--max-warmup 1): the attempts' losses are compared step by step.
 TINY = ["--config", "tiny", "--precision", "tf32", "--batch", "4", "--seq", "32", "--steps", "2", "--warmup", "1",
-        "--cpu", "--timeout", "150"]
+        "--max-warmup", "1", "--cpu", "--timeout", "150"]
 FIELDS = ("machine", "backend", "variant", "config", "params", "layers", "hidden", "precision", "gpus", "batch", "seq",
           "mode", "status", "reason", "tokens_per_s", "tflops", "mfu", "step_s", "peak_gpu_bytes", "peak_host_bytes",
           "loss", "losses")
@@ -66,7 +67,7 @@ def test_torch_and_nntile_train_the_same_model_on_the_same_batches(bench):
     for r in (t, n):
         assert r["status"] == "ok", r["reason"]
         assert r["env"]["params_counted"] == r["params"] == param_count("tiny", 32)
-        assert len(r["losses"]) == 3 and all(math.isfinite(v) for v in r["losses"])
+        assert len(r["losses"]) == 3 and all(math.isfinite(v) for v in r["losses"]) and r["warmup_used"] == 1
         assert r["loss"] == r["losses"][-1]
         assert 4.5 < r["losses"][0] < 6.5  # about ln(256) for a fresh model
         assert r["step_s"] > 0 and r["tokens_per_s"] == pytest.approx(4 * 32 / r["step_s"])
@@ -99,6 +100,40 @@ def test_capacity_search_stops_at_the_first_failure(bench):
     assert [(r["config"], r["status"]) for r in cap] == [("tiny", "ok"), ("large", "oom")], cap
     assert "allocate" in cap[1]["reason"]
     assert "capacity torch:plain tf32: tiny" in bench["cap_stdout"]
+
+
+def test_warm_up_goes_on_while_memory_grows():
+    """Untimed steps: at least the asked ones; one more while the last raised a peak by more than 1%, up to the most.
+    13B on the H200 (call 2 of inside_gpu_v4): host RAM 96.4, 102.7, 108.0, 108.0 GiB after steps 0-3 (steps 1-2
+    took 10.9 and 11.4 s, step 3 6.8 s): step 3 is the first that raised none, and timing starts after it."""
+    from benchmarks.worker import WarmUp
+
+    def used(peaks, steps=2, most=6):
+        w = WarmUp(steps, most)
+        s = 0
+        while s < w.steps and s < len(peaks):
+            w.after_step(s, peaks[s])
+            s += 1
+        return w.steps
+
+    assert used([(96.4, 133.0), (102.7, 134.4), (108.0, 134.8), (108.0, 135.0)]) == 4
+    assert used([(1.5, 62.0), (1.5, 62.4), (1.5, 62.4)]) == 2  # XL in GPU memory: step 1 settled (0.6%)
+    assert used([(1.0, 10.0), (1.0, 10.0), (1.0, 11.0), (1.0, 11.0)]) == 2  # growth after warm-up is not looked at
+    assert used([(1.0, 1.0), (2.0, 1.0), (3.0, 1.0), (4.0, 1.0)], most=3) == 3  # never past the most
+    assert used([(1.0, 1.0), (2.0, 1.0)], steps=2, most=2) == 2  # most = steps: fixed
+    assert used([(5.0, 0.0), (5.0, 0.0)], steps=1) == 2  # step 0 raised the peaks from nothing
+    assert used([(1.0, 0.0)], steps=0) == 0  # no warm-up asked: none
+    # ranks agree: a rank whose memory settled still warms up when another's grew
+    w = WarmUp(1, 4)
+    assert w.after_step(0, (1.0,), any_rank=lambda flag: True) and w.steps == 2
+    assert not w.after_step(1, (1.0,), any_rank=lambda flag: flag) and w.steps == 2
+
+
+def test_max_warmup_below_warmup_is_refused():
+    from benchmarks.run import parse_args
+    with pytest.raises(SystemExit):
+        parse_args(["--warmup", "3", "--max-warmup", "2"])
+    assert parse_args(["--warmup", "3"]).max_warmup == 7
 
 
 def test_capacity_needs_two_steps():
