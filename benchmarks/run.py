@@ -407,7 +407,8 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
         bad = [r for r in ranks if r["status"] != "ok"]
         worst = bad[0] if bad else first
         rec.update(status=worst["status"], reason=worst["reason"])
-        for k in ("step_s", "step_times", "warmup_used", "losses", "loss", "setup_s", "env", "timeline", "dispatch"):
+        for k in ("step_s", "step_mean_s", "step_times", "gc_ms", "warmup_used", "losses", "loss", "setup_s", "env",
+                  "timeline", "dispatch"):
             if k in first:
                 rec[k] = first[k]
         if first.get("gpus") is not None and not cpu_only:

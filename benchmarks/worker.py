@@ -8,6 +8,7 @@ losses, peak memory and the environment. Derived metrics (tokens/s, TFLOP/s, MFU
 """
 import argparse
 import contextlib
+import gc
 import importlib
 import json
 import math
@@ -524,6 +525,34 @@ class WarmUp:
         return True
 
 
+class FullCollections:
+    """Milliseconds Python's garbage collector spent in full (generation-2) collections, per step: they scan every
+    object of the process (a converted GPT-2 with torch and transformers loaded: ~430k objects, ~0.5 s on a slow
+    core) and land inside whichever step runs then. Every nntile XL attempt since inside_gpu_v2 has one step ~0.2 s
+    longer than the others (the sixth), FSDP's none; this says whether it is the collector."""
+
+    def __init__(self):
+        self._start, self._ms = None, 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase, info):
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self._ms += (time.perf_counter() - self._start) * 1e3
+            self._start = None
+
+    def take(self):
+        """The milliseconds since the last take."""
+        ms, self._ms = self._ms, 0.0
+        return ms
+
+    def close(self):
+        gc.callbacks.remove(self._callback)
+
+
 def _on_any_rank(flag, device, world):
     """flag on one rank or more (every rank calls it at the same step, so that all keep the same step count)."""
     if world == 1:
@@ -562,6 +591,8 @@ def run_attempt(spec, rank, world):
             nt_mod = sys.modules["nntile_torch"]
             slow = SlowStepReport(lambda: f"{nt_mod.memory_nodes_report()}. {nt_mod.memory_advice()}")
         warm = WarmUp(spec["warmup"], spec.get("max_warmup", spec["warmup"]))
+        collections = FullCollections()
+        gc_ms = []
         s = 0
         while s < warm.steps + spec["steps"]:
             ids = batch_ids(spec, s, vocab)[rank * per_rank:(rank + 1) * per_rank].to(device)
@@ -576,17 +607,20 @@ def run_attempt(spec, rank, world):
                 slow.end()
             times.append(time.perf_counter() - t)
             losses.append(value)
+            gc_ms.append(round(collections.take(), 1))
             # Memory so far on every line: an attempt that is killed later still tells the harness its peaks.
             mem = f", peak GPU {monitor.peak / 2**30:.1f} GiB" if monitor is not None else ""
             host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
             if stats is not None:
                 mem += f", peak tiles {stats()['peak_tile_bytes'] / 2**30:.1f} GiB"
-            print(f"step {s}: {times[-1]:.3f} s, loss {value:.4f}{mem}, peak host {host:.1f} GiB", flush=True)
+            full_gc = f", full gc {gc_ms[-1]:.0f} ms" if gc_ms[-1] else ""
+            print(f"step {s}: {times[-1]:.3f} s, loss {value:.4f}{mem}, peak host {host:.1f} GiB{full_gc}", flush=True)
             peaks = (host, monitor.peak / 2**30 if monitor is not None else 0.0)
             if warm.after_step(s, peaks, lambda flag: _on_any_rank(flag, device, world)):
                 print(f"step {s} still raised the peak memory by more than {warm.growth:.0%}: warm-up goes on "
                       f"({warm.steps} steps, at most {warm.most})", flush=True)
             s += 1
+        collections.close()
         if world > 1:
             import torch.distributed as dist
             t = torch.tensor(losses, dtype=torch.float64, device=device)
@@ -615,8 +649,8 @@ def run_attempt(spec, rank, world):
             res["dispatch"] = dispatch.summarize(records)
             print(dispatch.report(res["dispatch"]), flush=True)
         timed = times[warm.steps:]
-        res.update(step_s=statistics.median(timed), step_times=times, losses=losses, loss=losses[-1],
-                   warmup_used=warm.steps)
+        res.update(step_s=statistics.median(timed), step_mean_s=statistics.mean(timed), step_times=times,
+                   gc_ms=gc_ms, losses=losses, loss=losses[-1], warmup_used=warm.steps)
         if stats is not None:
             res["env"]["nntile_stats"] = stats()
     except Unavailable as e:

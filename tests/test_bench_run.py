@@ -68,6 +68,8 @@ def test_torch_and_nntile_train_the_same_model_on_the_same_batches(bench):
         assert r["status"] == "ok", r["reason"]
         assert r["env"]["params_counted"] == r["params"] == param_count("tiny", 32)
         assert len(r["losses"]) == 3 and all(math.isfinite(v) for v in r["losses"]) and r["warmup_used"] == 1
+        assert len(r["gc_ms"]) == 3 and all(v >= 0 for v in r["gc_ms"])
+        assert r["step_mean_s"] == pytest.approx(sum(r["step_times"][1:]) / 2)
         assert r["loss"] == r["losses"][-1]
         assert 4.5 < r["losses"][0] < 6.5  # about ln(256) for a fresh model
         assert r["step_s"] > 0 and r["tokens_per_s"] == pytest.approx(4 * 32 / r["step_s"])
@@ -127,6 +129,28 @@ def test_warm_up_goes_on_while_memory_grows():
     w = WarmUp(1, 4)
     assert w.after_step(0, (1.0,), any_rank=lambda flag: True) and w.steps == 2
     assert not w.after_step(1, (1.0,), any_rank=lambda flag: flag) and w.steps == 2
+
+
+def test_full_collections_are_timed_and_younger_ones_not():
+    import gc
+
+    from benchmarks.worker import FullCollections
+    c = FullCollections()
+    try:
+        garbage = [[] for _ in range(100_000)]
+        for a, b in zip(garbage, garbage[1:]):
+            a.append(b)  # a long chain to scan
+        c.take()  # building it may have run collections of its own
+        gc.collect(0)
+        gc.collect(1)
+        assert c.take() == 0.0
+        gc.collect()
+        assert c.take() > 0.0
+        assert c.take() == 0.0  # taken
+    finally:
+        c.close()
+    gc.collect()
+    assert c.take() == 0.0  # no longer listening
 
 
 def test_max_warmup_below_warmup_is_refused():
