@@ -504,9 +504,9 @@ class SlowStepReport:
 class WarmUp:
     """How many of an attempt's first steps go untimed: at least `steps`, and while the last of them raised the
     process's peak host RAM or the GPU's peak memory by more than `growth`, one more, up to `most`. The first steps
-    of a model beyond GPU memory still allocate (StarPU pins host buffers as it first evicts tiles): 13B on the H200
-    took 9-15 s for steps 1-2 against 6.7 s once its host RAM stopped growing, and timing them made one tree look
-    35% slower than another on the same machine."""
+    of a model beyond GPU memory still allocate (host buffers for the tiles StarPU evicts the first time): 13B on the
+    H200 took 9-15 s for steps 1-2 against 6.7 s once its host RAM stopped growing, and timing them made one tree
+    look 35% slower than another on the same machine."""
 
     def __init__(self, steps, most, growth=0.01):
         self.steps, self.most, self.growth = steps, max(steps, most), growth
