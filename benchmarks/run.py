@@ -24,6 +24,9 @@ fsdp, fsdp2 and deepspeed run under torchrun on every visible GPU (one process w
 torch and nntile in one process (nntile on all GPUs). Precision bf16: autocast / MixedPrecision / DeepSpeed bf16 /
 nntile bf16 matmuls, fp32 master weights everywhere; tf32: fp32 weights, TF32 matmuls.
 
+Throughput: the median (and mean) of the timed steps, after a warm-up that goes on while a step still raises the
+peak host or GPU memory by more than 1% (a model beyond GPU memory allocates for its first steps; --max-warmup caps
+it, `warmup_used` records it), with each step's time in full garbage collections (`gc_ms`).
 Each attempt appends one JSON line to <out>/results.jsonl (status ok, oom, error or unavailable, with a reason;
 a timed-out or crashed attempt keeps its step times and losses so far; `settings`: the nntile options given and
 the NNTILE_* / STARPU_* variables set) and prints one progress line; its log is <out>/logs/<attempt>.log.
