@@ -529,7 +529,7 @@ class FullCollections:
     """Milliseconds Python's garbage collector spent in full (generation-2) collections, per step: they scan every
     object of the process (a converted GPT-2 with torch and transformers loaded: ~430k objects, ~0.5 s on a slow
     core) and land inside whichever step runs then. Every nntile XL attempt since inside_gpu_v2 has one step ~0.2 s
-    longer than the others (the sixth), FSDP's none; this says whether it is the collector."""
+    longer than the others (the sixth or seventh of seven), FSDP's none; this says whether it is the collector."""
 
     def __init__(self):
         self._start, self._ms = None, 0.0

@@ -22,8 +22,8 @@ namespace nntile::kernels {
 namespace {
 // (nseq * seq, 3c) -> q, k, v each (nseq, nheads, seq, hd): views of one tensor (nseq, seq, 3, nheads, hd), the
 // strides scaled_dot_product_attention gets from Hugging Face's GPT-2 (its qkv split, heads transposed in front),
-// which every fused kernel takes. At most one kernel for the three (the bf16 cast, or the copy that pads); three
-// casts and copies cost the worker ~25 us of launches per tile while the GPU waited.
+// which every fused kernel takes. At most one kernel for the three (the bf16 cast, or the copy that pads) where
+// there were three casts and three copies, launched by the worker while the GPU waited.
 // On GPUs the head size is zero-padded to a multiple of 8 (the memory-efficient kernel's alignment): zero
 // columns change neither q.k nor the first hd columns of the output, so the result is exact.
 int64_t padded_hd(const Where &w, int64_t hd) { return w.cuda ? (hd + 7) / 8 * 8 : hd; }
