@@ -85,9 +85,15 @@ def throughput_table(rows):
         lines.append(f"| {r['config']} | {fmt_params(r['params'])} | {r['backend']} | {variant(r)} | "
                      f"{r['precision']} | {r['gpus']} | {r['batch']} x {r['seq']} | {status.replace('|', '/')} | "
                      f"{_tokens(r)} | {_f(r, 'tflops', '.1f')} | {_f(r, 'mfu', '.2f')} | "
-                     f"{_f(r, 'step_s', '.3f')}{_longer_warmup(r)} | {_gib(r.get('peak_gpu_bytes'))} | "
+                     f"{_f(r, 'step_s', '.3f')}{_uneven_steps(r)}{_longer_warmup(r)} | {_gib(r.get('peak_gpu_bytes'))} | "
                      f"{_gib(r.get('peak_host_bytes'))} | {_f(r, 'loss', '.4f')} |")
     return "\n".join(lines)
+
+
+def _uneven_steps(r):
+    """' (mean M)' when the timed steps' mean is over 5% above their median (a few slow steps the median hides)."""
+    median, mean = r.get("step_s"), r.get("step_mean_s")
+    return f" (mean {mean:.3f})" if median and mean and mean > 1.05 * median else ""
 
 
 def _longer_warmup(r):

@@ -208,6 +208,19 @@ def test_report_writes_table_and_plots(bench):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_table_shows_a_mean_the_median_hides_and_a_longer_warm_up():
+    from benchmarks.report import throughput_table
+    base = {"config": "xl", "params": 1557611200, "backend": "nntile", "variant": "plain", "precision": "bf16",
+            "gpus": 1, "batch": 8, "seq": 1024, "status": "ok", "tokens_per_s": 29229.0, "tflops": 300.7, "mfu": 0.38,
+            "peak_gpu_bytes": 2**36, "peak_host_bytes": 2**30, "loss": 10.8955, "warmup": 2}
+    even = dict(base, step_s=0.268, step_mean_s=0.267, warmup_used=2)
+    uneven = dict(base, step_s=0.280, step_mean_s=0.318, warmup_used=4, backend="torch")
+    table = throughput_table([even, uneven])
+    assert "| 0.268 |" in table  # even steps: the median alone
+    assert "| 0.280 (mean 0.318) (4 warm-up) |" in table
+    assert "| 0.280 |" in throughput_table([dict(base, step_s=0.280)])  # records from before these fields
+
+
 def test_backend_and_variant_parsing():
     assert parse_backends("torch,fsdp:offload+ckpt,deepspeed", None) == [
         ("torch", "plain"), ("fsdp", "ckpt+offload"), ("deepspeed", "offload")]
