@@ -79,6 +79,41 @@ def summarize(records, kind="cuda"):
     return result
 
 
+def _union_ms(intervals):
+    total, until = 0.0, None
+    for a, b in sorted(intervals):
+        if until is None or a > until:
+            total, until = total + (b - a), b
+        elif b > until:
+            total, until = total + (b - until), b
+    return total / 1e3
+
+
+def step_summary(records, top=5):
+    """One step's trace in brief, to find what a slow step did differently: its tasks, the span from the first
+    submission to the last task's end and how long submitting took (ms), how long the GPU workers had tasks
+    running (the union of their tasks' start-end, ms), their gaps (as summarize()), and the longest gaps and tasks."""
+    subs = [r["submit"] for r in records if r.get("submit") is not None]
+    ends = [r["end"] for r in records if r.get("end") is not None]
+    cuda = [r for r in records if r.get("kind") == "cuda" and r.get("start") is not None and r.get("end") is not None]
+    out = {"tasks": len(records),
+           "span_ms": round((max(ends) - min(subs)) / 1e3, 3) if subs and ends else None,
+           "submit_ms": round((max(subs) - min(subs)) / 1e3, 3) if subs else None,
+           "gpu_busy_ms": round(_union_ms([(r["start"], r["end"]) for r in cuda]), 3)}
+    kinds = {r["worker"]: r.get("kind") for r in records}
+    on = "cuda" if cuda else "cpu"  # the GPU workers' gaps, or the CPU workers' in a CPU-only run
+    mine = [g for w, gs in gaps(records).items() if kinds.get(w) == on for g in gs]
+    by_stage = {st: sum(g[2][st] for g in mine) / 1e3 for st in STAGES}
+    out["gap_ms"] = round(sum(by_stage.values()), 3)
+    out["gap_ms_by_stage"] = {st: round(v, 3) for st, v in by_stage.items()}
+    longest = sorted(mine, key=lambda g: -sum(g[2].values()))[:top]
+    out["longest_gaps"] = [{"after": a, "before": b, "us": round(sum(st.values()), 1),
+                            "stage": max(st, key=st.get)} for a, b, st in longest]
+    out["longest_tasks"] = [{"name": r["name"], "us": round(r["end"] - r["start"], 1)}
+                            for r in sorted(cuda, key=lambda r: r["start"] - r["end"])[:top]]
+    return out
+
+
 def report(summary):
     """The summary as lines of text."""
     lines = []

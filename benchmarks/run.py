@@ -356,7 +356,8 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
                            "offload_fraction": args.offload_fraction,
                            "max_submitted_tasks": args.max_submitted_tasks},
                 "result": os.path.join(tmp, "result"),
-                "timeline": log_path[:-len(".log")] + ".timeline" if args.timeline else None}
+                "timeline": log_path[:-len(".log")] + ".timeline" if args.timeline else None,
+                "trace_steps": log_path[:-len(".log")] + ".steps.tasks" if args.trace_steps else None}
         spec_path = os.path.join(tmp, "spec.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f)
@@ -411,7 +412,7 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
         worst = bad[0] if bad else first
         rec.update(status=worst["status"], reason=worst["reason"])
         for k in ("step_s", "step_mean_s", "step_times", "gc_ms", "warmup_used", "losses", "loss", "setup_s", "env",
-                  "timeline", "dispatch"):
+                  "timeline", "dispatch", "phase_ms", "step_traces"):
             if k in first:
                 rec[k] = first[k]
         if first.get("gpus") is not None and not cpu_only:
@@ -497,6 +498,10 @@ def parse_args(argv=None):
                          "time (benchmarks/timeline.py), as <log>.timeline.json and .png beside the attempt's log; "
                          "for nntile one more under a task trace: where the idle time between tasks goes "
                          "(benchmarks/dispatch.py), as <log>.timeline.tasks.json")
+    ap.add_argument("--trace-steps", action="store_true",
+                    help="nntile: every step under a task trace; each step's brief (span, submission, GPU busy time, "
+                         "gaps by stage, the longest gaps and tasks) in the log and the record, every task as "
+                         "<log>.steps.tasks.json.gz (slower steps: for finding what one slow step did differently)")
     ap.add_argument("--init-device", default="auto", choices=["auto", "cuda", "cpu", "meta"],
                     help="where the dense model is built before sharding/conversion (auto: GPU if it fits; for "
                     "nntile, meta when its fp32 weights pass 20%% of the GPU: module by module into tiles)")

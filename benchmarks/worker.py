@@ -9,6 +9,7 @@ losses, peak memory and the environment. Derived metrics (tokens/s, TFLOP/s, MFU
 import argparse
 import contextlib
 import gc
+import gzip
 import importlib
 import json
 import math
@@ -241,11 +242,18 @@ def setup_nntile(spec, cuda, rank, world):
                              state_dtype=torch.bfloat16 if "bf16state" in spec["flags"] else torch.float32,
                              offload=o.get("offload_fraction", 1.0) if "offload" in spec["flags"] else None)
 
+    phases = []
+
     def step(ids):
+        t0 = time.perf_counter()
         opt.zero_grad()
         loss = model(input_ids=ids, labels=ids).loss
+        t1 = time.perf_counter()
         loss.backward()
+        t2 = time.perf_counter()
         opt.step()
+        t3 = time.perf_counter()
+        phases.append([round((t1 - t0) * 1e3, 1), round((t2 - t1) * 1e3, 1), round((t3 - t2) * 1e3, 1)])
         return loss
 
     def sync():
@@ -258,7 +266,8 @@ def setup_nntile(spec, cuda, rank, world):
            "starpu": info.get("starpu_version"), "scheduler": info.get("scheduler"), "workers": info.get("workers"),
            "memory_nodes": info.get("memory_nodes"), "cuda_memory_split": info.get("cuda_memory_split"),
            "nntile_settings": info.get("settings"), "submission_window": info.get("submission_window"),
-           "params_counted": counted, "_stats": nt.stats, "plan": plan.summary() if plan is not None else None}
+           "params_counted": counted, "_stats": nt.stats, "_phases": phases,
+           "plan": plan.summary() if plan is not None else None}
     gpus = (info.get("workers") or {}).get("cuda", 0) if cuda else 0
     return step, sync, env, gpus, device
 
@@ -577,6 +586,7 @@ def run_attempt(spec, rank, world):
         t0 = time.perf_counter()
         step, sync, env, gpus, device = setup(spec, cuda, rank, world)
         stats = env.pop("_stats", None)
+        phases = env.pop("_phases", None)  # nntile: per step, ms until forward, backward and step were submitted
         res["env"].update(env)
         res["gpus"] = gpus
         res["setup_s"] = time.perf_counter() - t0
@@ -590,6 +600,8 @@ def run_attempt(spec, rank, world):
         if stats is not None:
             nt_mod = sys.modules["nntile_torch"]
             slow = SlowStepReport(lambda: f"{nt_mod.memory_nodes_report()}. {nt_mod.memory_advice()}")
+        tracing = bool(spec.get("trace_steps")) and stats is not None  # nntile: every step under a task trace
+        traces = []
         warm = WarmUp(spec["warmup"], spec.get("max_warmup", spec["warmup"]))
         collections = FullCollections()
         gc_ms = []
@@ -600,14 +612,21 @@ def run_attempt(spec, rank, world):
             t = time.perf_counter()
             if slow is not None:
                 slow.begin(s)
-            loss = step(ids)
-            value = float(loss.detach()) if torch.is_tensor(loss) else float(loss)  # a host wait, as when logging
+            with nt_mod.task_trace() if tracing else contextlib.nullcontext() as records:
+                loss = step(ids)
+                value = float(loss.detach()) if torch.is_tensor(loss) else float(loss)  # a host wait, as when logging
             sync()
             if slow is not None:
                 slow.end()
             times.append(time.perf_counter() - t)
             losses.append(value)
             gc_ms.append(round(collections.take(), 1))
+            if tracing:
+                from benchmarks import dispatch
+                traces.append(records)
+                brief = dispatch.step_summary(records)
+                print(f"step {s} trace: {json.dumps(brief)}", flush=True)
+                res.setdefault("step_traces", []).append(brief)
             # Memory so far on every line: an attempt that is killed later still tells the harness its peaks.
             mem = f", peak GPU {monitor.peak / 2**30:.1f} GiB" if monitor is not None else ""
             host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
@@ -621,6 +640,9 @@ def run_attempt(spec, rank, world):
                       f"({warm.steps} steps, at most {warm.most})", flush=True)
             s += 1
         collections.close()
+        if traces:  # every step's records, for benchmarks/dispatch.py or a look at what the slow step did
+            with gzip.open(spec["trace_steps"] + ".json.gz", "wt") as f:
+                json.dump(traces, f)
         if world > 1:
             import torch.distributed as dist
             t = torch.tensor(losses, dtype=torch.float64, device=device)
@@ -651,6 +673,8 @@ def run_attempt(spec, rank, world):
         timed = times[warm.steps:]
         res.update(step_s=statistics.median(timed), step_mean_s=statistics.mean(timed), step_times=times,
                    gc_ms=gc_ms, losses=losses, loss=losses[-1], warmup_used=warm.steps)
+        if phases is not None:
+            res["phase_ms"] = phases[:len(times)]
         if stats is not None:
             res["env"]["nntile_stats"] = stats()
     except Unavailable as e:

@@ -319,6 +319,16 @@ def test_task_trace_records_each_task_and_where_its_gaps_went():
                                        "function": 6.0}
     assert "worker 0: 3 tasks, 1 gaps" in dispatch.report(dispatch.summarize([a, b, c]))
     assert dispatch.summarize([a, b, c], kind="cpu")["workers"] == {}
+    # a step's brief: submitted from 1 to 12, the last end at 50; the GPU ran a 5-10, b 31-40, c 20-50
+    a.update(submit=1.0, start=5.0)
+    b.update(submit=12.0, start=31.0)
+    c.update(submit=2.0, start=20.0)
+    brief = dispatch.step_summary([a, b, c], top=1)
+    assert brief["tasks"] == 3 and brief["span_ms"] == 0.049 and brief["submit_ms"] == 0.011
+    assert brief["gpu_busy_ms"] == 0.035  # 5-10 and 20-50: b inside c
+    assert brief["gap_ms"] == 0.021 and brief["gap_ms_by_stage"]["driver"] == 0.006
+    assert brief["longest_gaps"] == [{"after": "a", "before": "b", "us": 21.0, "stage": "driver"}]
+    assert brief["longest_tasks"] == [{"name": "c", "us": 30.0}]
 
 
 def test_disk_node_is_emptied_when_the_process_exits_without_shutdown(tmp_path):
