@@ -2,6 +2,7 @@
 gradient, state_dict, weight ties, 20 AdamW steps."""
 import contextlib
 import copy
+import gc
 import math
 
 import pytest
@@ -148,6 +149,36 @@ def test_host_waits_per_step_do_not_grow_with_depth(device):
         ours(ids, labels=ids).loss.backward()
         waits.append(nt.stats()["blocking_waits"] - before)
     assert waits == [0, 0], waits
+
+
+def test_no_full_garbage_collection_lands_in_the_training_steps(device):
+    """Converting makes many long-lived Python objects (a GPT-2 XL: ~430k in the process). Python runs a full
+    collection, which scans them all and stops the submitting thread (~0.25 s on the H200, the GPU idle), once
+    enough objects have piled up since the last one: it must come inside convert(), not in a training step."""
+    old, fulls = gc.get_threshold(), []
+
+    def seen(phase, info):
+        if phase == "start" and info["generation"] == 2:
+            fulls.append(1)
+
+    gc.collect()
+    gc.disable()  # the backlog a big model's conversion leaves: long-lived objects, none collected yet
+    try:
+        backlog = [[] for _ in range(200_000)]
+        ours = nt.convert(gpt2(device, n_layer=2), tile_size=384, batch_tile_size=37)
+        ids = torch.randint(0, 1000, (3, 37), device=device)
+        gc.set_threshold(50, 1, 1)  # young collections often, a full one considered at every other
+        gc.callbacks.append(seen)
+        gc.enable()
+        for _ in range(3):
+            ours(ids, labels=ids).loss.backward()
+        nt.synchronize()
+    finally:
+        gc.enable()
+        gc.set_threshold(*old)
+        if seen in gc.callbacks:
+            gc.callbacks.remove(seen)
+    assert fulls == [] and len(backlog) == 200_000
 
 
 def test_python_torch_function_calls_per_step_do_not_grow_with_depth(device, monkeypatch):
