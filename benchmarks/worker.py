@@ -211,9 +211,10 @@ def setup_nntile(spec, cuda, rank, world):
     window = o.get("max_submitted_tasks")
     if window is None and plan is not None:
         window = plan.init_kwargs().get("max_submitted_tasks")
+    streams = plan.init_kwargs().get("streams_per_gpu") if plan is not None else None
     nt.init(ncpus=ncpus, ncuda=o["ncuda"] if cuda else 0, cuda_memory_limit=o["cuda_memory_limit"],
             host_memory_limit=o["host_memory_limit"], disk_path=o["disk_path"], disk_limit=o["disk_limit"],
-            scheduler=o["scheduler"], max_submitted_tasks=window)
+            scheduler=o["scheduler"], max_submitted_tasks=window, streams_per_gpu=streams)
     dev0 = init_device(spec, cuda)
     if spec["init_device"] == "meta" or (spec["init_device"] == "auto" and cuda and 4 * spec["params"] > 0.2 * (
             torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)):
@@ -268,7 +269,7 @@ def setup_nntile(spec, cuda, rank, world):
            "nntile_settings": info.get("settings"), "submission_window": info.get("submission_window"),
            "params_counted": counted, "_stats": nt.stats, "_phases": phases,
            "plan": plan.summary() if plan is not None else None}
-    gpus = (info.get("workers") or {}).get("cuda", 0) if cuda else 0
+    gpus = info.get("gpus", 0) if cuda else 0
     return step, sync, env, gpus, device
 
 

@@ -189,7 +189,7 @@ def _machine_capacity(disk_limit=None):
         host = runtime._host_limit or runtime.default_host_memory_limit()
         disk = (info.get("settings") or {}).get("disk_limit") or 0
         return Capacity(split.get("starpu_limit_bytes", 0) if workers.get("cuda") else 0, host, disk,
-                        workers.get("cuda", 0), max(1, workers.get("cpu", 1)))
+                        info.get("gpus", 0), max(1, workers.get("cpu", 1)))
     gpus = torch.cuda.device_count() if (_C.built_with_cuda and torch.cuda.is_available()) else 0
     gpu = 0
     if gpus:
@@ -327,6 +327,8 @@ class MemoryPlan:
     def init_kwargs(self):
         """nt.init's arguments for this plan (CPU workers for the host blocks' updates)."""
         kw = {}
+        if self.beyond_gpu and self.capacity.gpus:
+            kw["streams_per_gpu"] = 1  # the streaming's order was measured with one worker per GPU
         if self.beyond_gpu and self.capacity.gpus and self.cpu_update_blocks:
             kw["ncpus"] = self.capacity.cpu_workers
         if self.submission_window:

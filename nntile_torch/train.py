@@ -240,8 +240,9 @@ def main(argv=None):
     window = args.max_submitted_tasks
     if window is None and plan is not None:
         window = plan.init_kwargs().get("max_submitted_tasks")
+    streams = plan.init_kwargs().get("streams_per_gpu") if plan is not None else None
     nt.init(ncpus=ncpus, cuda_memory_limit=args.cuda_memory_limit, host_memory_limit=args.host_memory_limit,
-            max_submitted_tasks=window)
+            max_submitted_tasks=window, streams_per_gpu=streams)
     torch_model = copy.deepcopy(ref) if args.compare_torch else None
     fp64_model = copy.deepcopy(ref).double() if args.compare_fp64 else None
     model = nt.convert(ref, precision=args.precision, tile_size=args.tile_size,

@@ -146,6 +146,10 @@ def test_plan_updates_host_blocks_where_it_predicts_faster():
     # workers
     p13 = nt.plan(meta_gpt2(40, 5120, 40), batch=32, seq=1024, **H200)
     assert p13.host_update in ("cpu", "mixed") and p13.cpu_update_blocks >= p13.host_blocks - 2, p13
+    # beyond GPU memory one worker per GPU (the streaming's order was measured so); a model that fits takes
+    # init's default (two streams per GPU)
+    xl = nt.plan(meta_gpt2(48, 1600, 25), batch=8, seq=1024, **H200)
+    assert p13.init_kwargs()["streams_per_gpu"] == 1 and "streams_per_gpu" not in xl.init_kwargs()
     assert auto.times["step_s"] >= max(auto.times["gpu_s"], auto.times["pcie_s"])
     host = [p for p in auto.facts.params if p.name in set(auto.host_parameter_names())]
     n_host, n_matmul = sum(p.numel for p in host), sum(p.numel for p in host if p.matmul)

@@ -23,12 +23,17 @@ def test_info_describes_the_runtime():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not (torch.cuda.is_available() and nt._C.built_with_cuda), reason="requires CUDA")
-def test_default_workers_with_a_gpu_are_the_gpus_and_one_cpu():
+def test_default_workers_with_a_gpu_are_two_per_gpu_and_one_cpu():
     nt.shutdown()
     try:
+        nt.init(streams_per_gpu=1)
+        assert nt.info()["workers"]["cuda"] == nt.info()["gpus"] == torch.cuda.device_count()
+        nt.shutdown()
         nt.init()
         d = nt.info()
-        assert d["workers"]["cuda"] == torch.cuda.device_count() and d["workers"]["cpu"] == 1
+        n = nt.runtime.streams_per_gpu_setting(None)[0]  # 2, or the user's STARPU_NWORKER_PER_CUDA
+        assert d["workers"]["cuda"] == n * torch.cuda.device_count() and d["gpus"] == torch.cuda.device_count()
+        assert d["workers"]["cpu"] == 1 and len(d["places"]) == (n * d["gpus"] if n * d["gpus"] > 1 else 0)
         limit = nt.runtime.default_host_memory_limit()
         assert d["host_memory_limit_bytes"] == limit  # with GPUs, host RAM is limited by default
         host = [n for n in d["memory_nodes"] if n["kind"] == "cpu"]
@@ -579,3 +584,22 @@ def test_stall_advice_reads_what_fills_the_nodes():
         assert nt.memory_advice().startswith("No memory node is at its limit")  # no host limit: none is full
     finally:
         nt.shutdown()
+
+
+def test_streams_per_gpu_default_environment_and_errors():
+    """init's CUDA workers per GPU: 2 by default, the user's STARPU_NWORKER_PER_CUDA when set, the argument above
+    both; more than one needs a thread per worker (the cuBLASLt workspace is per thread), which init asks StarPU
+    for, and refuses a one-thread-per-GPU setting."""
+    setting = nt.runtime.streams_per_gpu_setting
+    assert setting(None, {}) == (2, {"STARPU_NWORKER_PER_CUDA": "2", "STARPU_CUDA_THREAD_PER_WORKER": "1"})
+    assert setting(None, {"STARPU_NWORKER_PER_CUDA": "1"}) == (1, {"STARPU_NWORKER_PER_CUDA": "1",
+                                                                   "STARPU_CUDA_THREAD_PER_WORKER": "0"})
+    assert setting(3, {"STARPU_NWORKER_PER_CUDA": "1"})[0] == 3
+    assert setting(1, {"STARPU_CUDA_THREAD_PER_DEV": "1"})[0] == 1
+    with pytest.raises(ValueError, match="STARPU_NWORKER_PER_CUDA must be a positive integer"):
+        setting(None, {"STARPU_NWORKER_PER_CUDA": "two"})
+    with pytest.raises(ValueError, match="thread per CUDA worker"):
+        setting(2, {"STARPU_CUDA_THREAD_PER_DEV": "1"})
+    for bad in (0, -1, True, 1.5, "2"):
+        with pytest.raises(ValueError, match="streams_per_gpu must be a positive int"):
+            nt.init(streams_per_gpu=bad)
