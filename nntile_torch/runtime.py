@@ -131,6 +131,7 @@ def _cuda_usable(ncuda):
 
 # StarPU's own setting as the user's environment had it when nntile_torch was imported (init sets it each time).
 _USER_WORKERS_PER_CUDA = os.environ.get("STARPU_NWORKER_PER_CUDA")
+_env_before = {}  # the variables init set for StarPU and their values before it, put back by shutdown
 DEFAULT_STREAMS_PER_GPU = 2
 
 
@@ -205,9 +206,10 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     if host_limit is None and cuda:
         host_limit = default_host_memory_limit()
     _host_limit = host_limit
-    if cuda:
+    if cuda:  # read by starpu_init; the user's values come back at shutdown, as the C++ runtime's own settings do
         _, env = streams_per_gpu_setting(args["streams_per_gpu"])
-        os.environ.update(env)  # read by starpu_init
+        _env_before.update({k: os.environ.get(k) for k in env if k not in _env_before})
+        os.environ.update(env)
     _C.init(ncpus, args["ncuda"], cuda_limit if cuda_limit is not None else -1,
             host_limit or -1, args["disk_path"] or "", args["disk_limit"] or -1, sched,
             -1 if cpu_tasks is None else int(cpu_tasks), -1 if places is None else places,
@@ -231,6 +233,12 @@ def shutdown():
     finally:
         _current = None
         _host_limit = None
+        for k, v in _env_before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        _env_before.clear()
 
 
 def is_running():
