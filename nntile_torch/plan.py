@@ -327,8 +327,10 @@ class MemoryPlan:
     def init_kwargs(self):
         """nt.init's arguments for this plan (CPU workers for the host blocks' updates)."""
         kw = {}
-        if self.beyond_gpu and self.capacity.gpus:
-            kw["streams_per_gpu"] = 1  # the streaming's order was measured with one worker per GPU
+        from . import runtime
+        if self.beyond_gpu and self.capacity.gpus and runtime._USER_WORKERS_PER_CUDA is None:
+            kw["streams_per_gpu"] = 1  # the streaming's order was measured with one worker per GPU; the user's own
+            # STARPU_NWORKER_PER_CUDA is kept (init reads it when not asked)
         if self.beyond_gpu and self.capacity.gpus and self.cpu_update_blocks:
             kw["ncpus"] = self.capacity.cpu_workers
         if self.submission_window:

@@ -123,7 +123,7 @@ def test_plan_for_the_h200_models():
     assert p.summary()["host_blocks"] == p.host_blocks
 
 
-def test_plan_updates_host_blocks_where_it_predicts_faster():
+def test_plan_updates_host_blocks_where_it_predicts_faster(monkeypatch):
     """20B at batch 16 on the H200: the CPU updates of its host blocks (~9 s at the measured 25 GB/s) bound the step
     when its host blocks are updated by CPU workers; the plan updates them on the GPU instead (their master weights
     and moments cross PCIe both ways, ~2.7 s, under the GPU's ~6 s), and predicts a shorter step. Pinned to the CPU
@@ -150,6 +150,8 @@ def test_plan_updates_host_blocks_where_it_predicts_faster():
     # init's default (two streams per GPU)
     xl = nt.plan(meta_gpt2(48, 1600, 25), batch=8, seq=1024, **H200)
     assert p13.init_kwargs()["streams_per_gpu"] == 1 and "streams_per_gpu" not in xl.init_kwargs()
+    monkeypatch.setattr(nt.runtime, "_USER_WORKERS_PER_CUDA", "2")  # the user's STARPU_NWORKER_PER_CUDA wins
+    assert "streams_per_gpu" not in p13.init_kwargs()
     assert auto.times["step_s"] >= max(auto.times["gpu_s"], auto.times["pcie_s"])
     host = [p for p in auto.facts.params if p.name in set(auto.host_parameter_names())]
     n_host, n_matmul = sum(p.numel for p in host), sum(p.numel for p in host if p.matmul)
