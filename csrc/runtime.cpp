@@ -230,11 +230,18 @@ int placement_worker(int64_t i) {
 }
 OnWorker::OnWorker(int worker) : previous_(current_hint) { current_hint = worker; }
 OnWorker::~OnWorker() { current_hint = previous_; }
-int hinted_worker() { return current_hint; }
 
 namespace {
 thread_local bool host_tasks = false;
 }  // namespace
+
+int hinted_worker() {
+    // Under set_host_tasks(true) a task runs on a CPU worker: a place that is a GPU's worker (places are the CUDA
+    // workers when there are two or more: two GPUs, or two streams per GPU) would leave it no worker (ENODEV),
+    // so StarPU picks the CPU worker.
+    if (host_tasks && current_hint >= 0 && starpu_worker_get_type(current_hint) != STARPU_CPU_WORKER) return -1;
+    return current_hint;
+}
 
 bool set_host_tasks(bool host) {
     bool previous = host_tasks;

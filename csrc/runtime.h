@@ -50,7 +50,8 @@ bool cpu_tasks_allowed();
 // Placement of tile tasks: number of places (1 = none) and the worker of row index i (-1 = anywhere).
 int placement_count();
 int placement_worker(int64_t i);
-// While alive, tasks this thread submits run on `worker` (-1: wherever the scheduler puts them).
+// While alive, tasks this thread submits run on `worker` (-1: wherever the scheduler puts them; a GPU's worker is
+// ignored under set_host_tasks, whose tasks run on CPU workers).
 class OnWorker {
   public:
     explicit OnWorker(int worker);

@@ -8,26 +8,28 @@ import torch
 import nntile_torch as nt
 
 transformers = pytest.importorskip("transformers")
+HAS_CUDA = torch.cuda.is_available() and nt._C.built_with_cuda
 
 
 def dense(t):
     return (t.materialize() if isinstance(t, nt.TileTensor) else t).clone()
 
 
-def train(ncpus, places, steps=3):
+def train(ncpus, places, steps=3, precision="fp32", offload=None, **init):
     nt.shutdown()
-    nt.init(ncpus=ncpus, ncuda=0, places=places)
+    nt.init(ncpus=ncpus, **({"ncuda": 0, "places": places} | init))
     try:
         assert len(nt.info()["places"]) == (places if places > 1 else 0)
         torch.manual_seed(0)
         cfg = transformers.GPT2Config(n_layer=2, n_embd=48, n_head=4, vocab_size=300, n_positions=32,
                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-        model = nt.convert(transformers.GPT2LMHeadModel(cfg), tile_size=160, batch_tile_size=16)
-        opt = nt.optim.AdamW(model.parameters(), lr=3e-3)
+        dev = "cpu" if init.get("ncuda", 0) == 0 else "cuda"
+        model = nt.convert(transformers.GPT2LMHeadModel(cfg).to(dev), precision, tile_size=160, batch_tile_size=16)
+        opt = nt.optim.AdamW(model.parameters(), lr=3e-3, offload=offload)
         g = torch.Generator().manual_seed(1)
         losses, grads = [], None
         for _ in range(steps):
-            ids = torch.randint(0, 300, (5, 16), generator=g)  # 5 row tiles of one sequence
+            ids = torch.randint(0, 300, (5, 16), generator=g).to(dev)  # 5 row tiles of one sequence
             opt.zero_grad()
             loss = model(ids, labels=ids).loss
             loss.backward()
@@ -75,3 +77,18 @@ def test_default_rows_per_tile_and_number_of_places():
     nt.init(ncpus=2, ncuda=0)
     assert nt.runtime.num_places() == 1
     nt.shutdown()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason="requires CUDA (a GPU and a CUDA build)")
+def test_offloaded_parameters_update_on_cpu_workers_when_places_are_gpu_workers():
+    """Places are the CUDA workers when there are two or more (two streams per GPU here, two GPUs alike); the
+    updates and bf16 copies of AdamW(offload=...)'s parameters run on CPU workers all the same (a place naming a
+    CUDA worker left such a task no worker: ENODEV at submission), and train as without offload (CPU and GPU
+    AdamW kernels round differently)."""
+    kw = dict(ncuda=None, places=None, streams_per_gpu=2, precision="bf16")
+    l_gpu, _, s_gpu = train(ncpus=2, places=2, **kw)
+    l_host, _, s_host = train(ncpus=2, places=2, offload=0.5, **kw)
+    assert l_host == pytest.approx(l_gpu, rel=1e-4), (l_host, l_gpu)
+    for k in s_gpu:
+        assert (s_host[k] - s_gpu[k]).abs().max().item() <= 1e-4 * s_gpu[k].abs().max().item() + 1e-6, k
