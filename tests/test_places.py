@@ -86,7 +86,7 @@ def test_offloaded_parameters_update_on_cpu_workers_when_places_are_gpu_workers(
     updates and bf16 copies of AdamW(offload=...)'s parameters run on CPU workers all the same (a place naming a
     CUDA worker left such a task no worker: ENODEV at submission), and train as without offload (CPU and GPU
     AdamW kernels round differently)."""
-    kw = dict(ncuda=None, places=None, streams_per_gpu=2, precision="bf16")
+    kw = dict(ncuda=None, streams_per_gpu=2, precision="bf16")  # places=2: the GPU's two CUDA workers
     l_gpu, _, s_gpu = train(ncpus=2, places=2, **kw)
     l_host, _, s_host = train(ncpus=2, places=2, offload=0.5, **kw)
     assert l_host == pytest.approx(l_gpu, rel=1e-4), (l_host, l_gpu)
