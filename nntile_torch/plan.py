@@ -328,9 +328,10 @@ class MemoryPlan:
         """nt.init's arguments for this plan (CPU workers for the host blocks' updates)."""
         kw = {}
         from . import runtime
+        # One worker per GPU beyond GPU memory (two measured 0.90x at 13B), unless the user's STARPU_NWORKER_PER_CUDA
+        # asks otherwise (init reads it when not asked).
         if self.beyond_gpu and self.capacity.gpus and runtime._USER_WORKERS_PER_CUDA is None:
-            kw["streams_per_gpu"] = 1  # the streaming's order was measured with one worker per GPU; the user's own
-            # STARPU_NWORKER_PER_CUDA is kept (init reads it when not asked)
+            kw["streams_per_gpu"] = 1
         if self.beyond_gpu and self.capacity.gpus and self.cpu_update_blocks:
             kw["ncpus"] = self.capacity.cpu_workers
         if self.submission_window:
