@@ -135,7 +135,11 @@ void single_threaded_blas(void *) { omp_set_num_threads(1); }
 // A crash in native code (StarPU, a kernel) prints the crashing thread's native backtrace before the process dies:
 // the H200 runs beyond GPU memory died of SIGSEGV with nothing in the log. Each worker thread gets an alternate
 // signal stack, so that the report survives a stack overflow (the suspected cause there: nested evictions).
-struct sigaction previous_segv, previous_bus;
+struct sigaction previous_segv, previous_bus, previous_abrt;
+
+struct sigaction *previous_action(int sig) {
+    return sig == SIGSEGV ? &previous_segv : sig == SIGBUS ? &previous_bus : &previous_abrt;
+}
 std::atomic<int> crash_reported{0};
 
 void report_crash(int sig, siginfo_t *info, void *) {
@@ -147,12 +151,12 @@ void report_crash(int sig, siginfo_t *info, void *) {
     char head[200];
     int n = std::snprintf(head, sizeof head,
                           "nntile_torch: fatal signal %d (%s) at address %p in thread %ld; native backtrace:\n", sig,
-                          sig == SIGSEGV ? "SIGSEGV" : "SIGBUS", info != nullptr ? info->si_addr : nullptr,
+                          sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : "SIGABRT", info != nullptr ? info->si_addr : nullptr,
                           static_cast<long>(syscall(SYS_gettid)));
     if (n > 0) (void)!write(2, head, static_cast<size_t>(n) < sizeof head ? n : sizeof head - 1);
     void *frames[128];
     backtrace_symbols_fd(frames, backtrace(frames, 128), 2);
-    sigaction(sig, sig == SIGSEGV ? &previous_segv : &previous_bus, nullptr);  // StarPU's, Python's, or default
+    sigaction(sig, previous_action(sig), nullptr);  // StarPU's, Python's (faulthandler), or default
     raise(sig);
 }
 
@@ -180,11 +184,12 @@ void install_crash_report() {
     sa.sa_sigaction = report_crash;
     sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
     sigemptyset(&sa.sa_mask);
-    for (int sig : {SIGSEGV, SIGBUS}) {
+    // SIGABRT too: an assertion in StarPU or a C++ exception escaping a worker thread names no frame otherwise
+    for (int sig : {SIGSEGV, SIGBUS, SIGABRT}) {
         struct sigaction current {};
         sigaction(sig, nullptr, &current);
         if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == report_crash) continue;  // still ours
-        sigaction(sig, &sa, sig == SIGSEGV ? &previous_segv : &previous_bus);
+        sigaction(sig, &sa, previous_action(sig));
     }
     alt_stack_here(nullptr);
     starpu_execute_on_each_worker(alt_stack_here, nullptr, STARPU_CPU | STARPU_CUDA);

@@ -63,6 +63,11 @@ split_env() {
     envs+=("${words[0]}"); words=("${words[@]:1}")
   done
 }
+# Carried wheels (pytest-timeout for the test steps; DeepSpeed and its missing dependencies for the harness)
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 status=0
 for step in "$@"; do
   t0=$(date +%s)
@@ -75,15 +80,11 @@ for step in "$@"; do
       python3 -m benchmarks.cpu_adamw --json "$OUT/cpu_adamw.json" 2>&1 | tee "$OUT/cpu_adamw.log"; rc=${PIPESTATUS[0]} ;;
     gputests)  # the CUDA variants of every op and model test (marked cuda); GPUTESTS: test paths (default tests)
       # shellcheck disable=SC2086  # a list of paths
-      python3 -m pytest -q -rs --timeout 150 --timeout-method thread -m cuda ${GPUTESTS:-tests} 2>&1 | tee "$OUT/gputests.log" \
-        | tail -25; rc=${PIPESTATUS[0]} ;;
+      python3 -m pytest -v -rfEs --timeout 150 --timeout-method thread -m cuda ${GPUTESTS:-tests} 2>&1 | tee "$OUT/gputests.log" \
+        | grep -vE " PASSED|^$" | tail -40; rc=${PIPESTATUS[0]} ;;
     multigpu)  # several GPUs (kinds nvidia-h200-x2/x4/x8): the place tests, then GPT-2 XL bf16 at 8 sequences per
                # GPU: nntile and torch on 1 GPU, then nntile (one process), FSDP2 and DeepSpeed ZeRO-3 (torchrun) on all
       python3 -m pytest -q --timeout 200 tests/test_places.py 2>&1 | tee "$OUT/multigpu.log" | tail -3
-      if compgen -G ".whl/*.whl" >/dev/null; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-          .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-      fi
       ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
       for n in 1 "$ngpu"; do
         backends=nntile,torch; [ "$n" -gt 1 ] && backends=${MG_BACKENDS:-nntile,fsdp2,deepspeed:gpu}
@@ -130,10 +131,6 @@ for step in "$@"; do
              2>&1 | tail -3; rc=${PIPESTATUS[0]} ;;
     bench)  # the benchmark harness; BENCH_ARGS: benchmarks.run arguments, several plans joined by ';', or @file
             # (a file with one plan per line); BENCH_BUDGET: seconds for all (default 420; attempts are cut)
-      if compgen -G ".whl/*.whl" >/dev/null; then  # carried wheels (DeepSpeed and its missing dependencies)
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-          .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-      fi
       # DeepSpeed's JIT builder parses each TORCH_CUDA_ARCH_LIST entry as numbers and fails on an arch-specific one
       # such as 9.0a ("invalid literal for int() with base 10: '0a'", seen on the H200): give it the plain arch
       [ -n "${TORCH_CUDA_ARCH_LIST:-}" ] && echo "TORCH_CUDA_ARCH_LIST was '$TORCH_CUDA_ARCH_LIST'" \
