@@ -46,8 +46,8 @@ key=$( (find csrc -type f -print0 | sort -z | xargs -0 cat; cat setup.py;
         python3 -c "import sys, torch; print(torch.__version__, sys.version)"
         [ -n "$tag" ] && cat "$prefix/.nntile_build") | sha256sum | cut -c1-16)  # 1.3.10's keys as before
 so=$(python3 -c "import sysconfig; print('_C' + sysconfig.get_config_var('EXT_SUFFIX'))")
-if [ -f ".carry/prebuilt/$key/$so" ]; then
-  cp ".carry/prebuilt/$key/$so" "nntile_torch/$so"
+if [ -f ".carry/prebuilt/$key/$so" ] || [ -f "$prebuilt_out/$key/$so" ]; then  # carried, or built earlier in this call
+  cp "$( [ -f ".carry/prebuilt/$key/$so" ] && echo .carry/prebuilt || echo "$prebuilt_out")/$key/$so" "nntile_torch/$so"
   echo "build: prebuilt extension $key (0 s)"
 else
   if ! MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1; then
@@ -78,9 +78,10 @@ for step in "$@"; do
         | tail -25; rc=${PIPESTATUS[0]} ;;
     cpuadamw)  # the CPU AdamW kernel, with and without the x86 clones, beside torch's (benchmarks/cpu_adamw.py)
       python3 -m benchmarks.cpu_adamw --json "$OUT/cpu_adamw.json" 2>&1 | tee "$OUT/cpu_adamw.log"; rc=${PIPESTATUS[0]} ;;
-    gputests)  # the CUDA variants of every op and model test (marked cuda); GPUTESTS: test paths (default tests)
+    gputests)  # the CUDA variants of every op and model test (marked cuda); GPUTESTS: test paths (default tests);
+               # GPUTEST_ARGS: more pytest arguments (-s: no capture, so a crash's native backtrace reaches the log)
       # shellcheck disable=SC2086  # a list of paths
-      python3 -m pytest -v -rfEs --timeout 150 --timeout-method thread -m cuda ${GPUTESTS:-tests} 2>&1 | tee "$OUT/gputests.log" \
+      python3 -m pytest -v -rfEs --timeout 150 --timeout-method thread -m cuda ${GPUTEST_ARGS:-} ${GPUTESTS:-tests} 2>&1 | tee "$OUT/gputests.log" \
         | grep -vE " PASSED|^$" | tail -40; rc=${PIPESTATUS[0]} ;;
     multigpu)  # several GPUs (kinds nvidia-h200-x2/x4/x8): the place tests, then GPT-2 XL bf16 at 8 sequences per
                # GPU: nntile and torch on 1 GPU, then nntile (one process), FSDP2 and DeepSpeed ZeRO-3 (torchrun) on all

@@ -47,6 +47,21 @@ struct LtThread {
     cublasLtHandle_t handle = nullptr;
     void *workspace = nullptr;
     std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, int, int>, LtPlan> plans;
+    LtThread() = default;
+    LtThread(const LtThread &) = delete;
+    LtThread &operator=(const LtThread &) = delete;
+    // A worker thread ends at every runtime shutdown: without this, each start of the runtime left its workers'
+    // handles, descriptors and 32 MiB workspaces on the GPU for the rest of the process.
+    ~LtThread() {
+        for (auto &kv : plans) {
+            LtPlan &p = kv.second;
+            for (cublasLtMatrixLayout_t l : {p.a, p.b, p.c})
+                if (l) cublasLtMatrixLayoutDestroy(l);
+            if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+        }
+        if (workspace) cudaFree(workspace);
+        if (handle) cublasLtDestroy(handle);
+    }
 };
 
 LtThread &lt_thread(const GemmShape &s) {
