@@ -560,9 +560,11 @@ def tiled_cross_entropy(input, target, weight=None, size_average=None, ignore_in
         if bool(bad.any()):  # torch raises here too (on a GPU as a device-side assert that ends the process)
             raise IndexError(f"cross_entropy: target {int(target[bad][0])} is out of bounds for {v} classes")
     else:
-        check = int(ignore_index)
-    if ignore_index != _IGNORE_INDEX:  # the kernels skip -100; other ignored targets become it (no wait)
-        target = torch.where(target == ignore_index, torch.full_like(target, _IGNORE_INDEX), target)
+        check = _IGNORE_INDEX  # the task checks the targets as the kernels read them, after the mapping below
+    if ignore_index != _IGNORE_INDEX:  # the kernels skip -100; other ignored targets become it (no wait), and a
+        # target that was -100 itself becomes v, which is out of range as it was (the GPU check then names v)
+        target = torch.where(target == ignore_index, torch.full_like(target, _IGNORE_INDEX),
+                             torch.where(target == _IGNORE_INDEX, torch.full_like(target, v), target))
     return CrossEntropyFunction.apply(input, target, reduction == "mean", check)
 
 

@@ -28,6 +28,11 @@
    the GPU's primary context, which torch shares, so a process whose torch had already put tensors on the GPU found
    them gone ("an illegal memory access was encountered" at its next CUDA call). Freeing the measuring buffers, as
    StarPU does before the reset, is all the measurement needs.
+7. no abort when a task's measured time is negative (driver_common.c asserts measured >= 0): a CUDA worker running
+   tasks asynchronously can take one task's end against a later task's start while it calibrates a performance
+   model, and the whole process died ("Assertion `0 && \"measured >= 0\"' failed" on a CUDA worker, seen on the H200
+   after about 130 GPU tests in one process: each new tile shape is calibrated, so the more shapes, the likelier).
+   That sample is dropped from the model and the profile instead.
 Idempotent: an already patched tree is left as it is."""
 import pathlib
 import sys
@@ -214,5 +219,15 @@ reset = "#if CUDART_VERSION >= 4000\n\tcudaDeviceReset();\n#else\n\tcudaThreadEx
 if series == "1.3" or reset in bus.read_text():
     patch("src/core/perfmodel/perfmodel_bus.c", [(
         reset, "\t/* nntile_torch: no cudaDeviceReset (it frees the CUDA memory of torch in the same process) */\n")])
+# 7. a task's measured time below zero is dropped instead of aborting (both series where the assertion is).
+common = root / "src/drivers/driver_common/driver_common.c"
+negative = '\t\tSTARPU_ASSERT_MSG(measured >= 0, "measured=%lf\\n", measured);\n'
+if negative in common.read_text():
+    patch("src/drivers/driver_common/driver_common.c", [(
+        negative,
+        "\t\tif (measured < 0)\n\t\t{\n"
+        "\t\t\t/* nntile_torch: a CUDA worker running tasks asynchronously can pair one task's end with a later\n"
+        "\t\t\t * task's start: not a measurement, so neither the model nor the profile takes it */\n"
+        "\t\t\tcalibrate_model = 0;\n\t\t\tprofiling = 0;\n\t\t}\n")])
 print(f"patched StarPU {series} sources (CUDA 13, host memory size, eviction settings, GPU buffer pool, "
-      "no device reset)")
+      "no device reset, no abort on a negative task time)")

@@ -50,8 +50,9 @@ def _init(device, s):
     if device == "cpu":
         s.pop("streams_per_gpu", None)
         nt.init(ncuda=0, **({"host_memory_limit": "64MiB"} if limit else {}), **s)
-    else:
-        nt.init(**({"cuda_memory_limit": limit} if limit else {}), **s)
+    else:  # a GPU share well above the model: StarPU 1.3.10 can hang copying a CUDA tensor into tiles on a GPU share
+        # of 24 MiB (seen on the H200; the host-wait monitor reports it), which is not what this test is about
+        nt.init(**({"cuda_memory_limit": "256MiB"} if limit else {}), **s)
 
 
 def _held():
@@ -71,6 +72,7 @@ def test_many_restarts_with_other_settings_train_the_same(device):
     try:
         for i in range(CYCLES):
             s = SETTINGS[i % len(SETTINGS)]
+            print(f"restart {i}: {s}", flush=True)  # which start a hang or crash came in (pytest -s shows it)
             _init(device, s)
             losses = _train(device)
             nt.shutdown()
