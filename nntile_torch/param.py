@@ -83,7 +83,11 @@ class ParamState:
 
     @property
     def master_dtype(self):
-        return torch.bfloat16 if self.tiles.dtype == "bfloat16" else torch.float32
+        """The dtype the master weight is stored in (bf16 tiles of a float32 parameter: torch.bfloat16)."""
+        param = self._param()
+        if not hasattr(param, "tiles"):  # a dense parameter (the plan names those too)
+            return param.dtype
+        return torch.bfloat16 if param.tiles.dtype == "bfloat16" else torch.float32
 
     @property
     def on_host(self):
