@@ -231,7 +231,7 @@ def setup_nntile(spec, cuda, rank, world):
         kw.update(init=hf_init(dense), init_device=device)
     model = nt.convert(dense, **kw)
     if "statefetch" in spec["flags"]:  # the streaming's early fetch of the GPU updates' state (off by default)
-        model._nntile_streamer.state_ahead = 0
+        nt.streamer(model).state_ahead = 0
     if cuda:
         torch.cuda.empty_cache()  # the dense weights are gone; give their memory back to the device
     counted = sum(p.numel() for p in model.parameters())

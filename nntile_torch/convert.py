@@ -26,11 +26,11 @@ from torch import nn
 from tqdm import tqdm
 
 from . import config
-from .functional import keep_as_bf16_master
 from .nn import GELU, Conv1D, Dropout, Embedding, LayerNorm, Linear
 from .nn.embedding import check_indices_now
 from .nn._init import no_init
 from .nn.gpt2 import is_gpt2_attention, patch_gpt2_attention
+from .param import param_state
 from .recognize import gelu_like, layer_norm_like
 from .report import ConvertReport, register
 from .runtime import ensure_init, info
@@ -252,7 +252,7 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
                 getattr(new, pname).requires_grad_(p.requires_grad)
                 swapped[key] = getattr(new, pname)
                 if f"{full}.{pname}" in bf16_masters:  # the plan keeps it as a bf16 master weight
-                    keep_as_bf16_master(getattr(new, pname), on_host=plan.in_host_ram(full))
+                    param_state(getattr(new, pname)).keep_bf16_master(on_host=plan.in_host_ram(full))
         if meta:
             old.to_empty(device="meta", recurse=False)  # drop the dense copy now, not when the loop ends
         new.train(old.training)

@@ -1,12 +1,11 @@
 """Autograd Functions whose forward and backward submit tile tasks (no waits)."""
-import contextlib
 import functools
 import math
 
 import torch
 
 from . import _C
-from .runtime import host_tasks
+from .param import bf16_like, param_state, to_bf16
 from .tensor import _TILE_DTYPES, FUNCTIONS, TileTensor, plain, view_of, without_torch_function
 
 F = torch.nn.functional
@@ -66,7 +65,7 @@ def _retiled(value, tile_shape):
         return value
     from .report import note_dense
     note_dense("copy into other tiles", f"tiles {tuple(value.tiles.tile_shape)} of {tuple(value.tiles.shape)}"
-               + ("" if value._view is None else " seen through a strided view") + f" into tiles {tuple(tile_shape)}")
+               + ("" if plain(value) else " seen through a strided view") + f" into tiles {tuple(tile_shape)}")
     return value.materialize()
 
 
@@ -84,59 +83,13 @@ def as_matrix_tiles(x, row_tile, col_tile):
     return t
 
 
-def to_bf16(t):
-    """bfloat16 copy of C++ tiles (the same tiles when they already are bf16)."""
-    if t.dtype == "bfloat16":
-        return t
-    b = _bf16_like(t)
-    _C.convert(t, b)
-    return b
-
-
-def _bf16_like(t):
-    return _C.TileTensor(list(t.shape), list(t.tile_shape), "bfloat16", t.name + ".bf16")
-
-
 def _bf16_input(t, apart):
     """A bf16 matmul's input A as (bf16 tiles, float32 source or None). With a source, the GEMM writes the bf16 tiles
     itself, inside its first task that reads each tile (gemm's a_source): no task of its own between the producer of
     A and the GEMM, where the GPU would idle while StarPU dispatches it. apart: a convert task makes them first."""
     if t.dtype == "bfloat16":
         return t, None
-    return (to_bf16(t), None) if apart else (_bf16_like(t), t)
-
-
-def keep_as_bf16_master(param, on_host=False):
-    """Replaces a float32 tile parameter's tiles by bf16 ones with its values rounded to nearest (the memory plan's
-    master_dtype=torch.bfloat16): the parameter stays a float32 tensor to torch (state_dict, gradients, optimizers
-    see float32), its only copy is bf16, which the matmuls read as it is and AdamW updates with stochastic rounding.
-    on_host: the conversion runs on CPU workers, so the new tiles start in host RAM (a block the plan keeps there)."""
-    t = param._tiles
-    if t.dtype != "float32" or param.dtype != torch.float32:
-        raise TypeError(f"a bf16 master weight is made from a float32 tile parameter (got tiles of {t.dtype})")
-    b = _C.TileTensor(list(t.shape), list(t.tile_shape), "bfloat16", t.name, t.persistent)
-    with host_tasks() if on_host else contextlib.nullcontext():
-        _C.convert(t, b)
-    b.logical_dtype = "float32"
-    param._tiles = b
-    param._dense_cache = None
-    param._bf16_cache = None
-
-
-def weight_bf16(weight):
-    """bf16 tiles of a weight, made once per weight version (the optimizer's update makes a new version); or, for a
-    weight the memory plan marks (a GPU-resident block's, under checkpointing), made for this use alone and freed
-    with it: the caller keeps it for its backward as an activation, which checkpointing drops and recomputes."""
-    if getattr(weight, "_nntile_bf16_per_use", False):
-        return to_bf16(weight.tiles)
-    version = weight.tiles.version
-    cache = getattr(weight, "_bf16_cache", None)
-    if cache is None or cache[0] != version:
-        # AdamW(offload=...): the weight lives in host RAM, and so does its bf16 copy
-        with host_tasks() if getattr(weight, "_nntile_host", False) else contextlib.nullcontext():
-            cache = (version, to_bf16(weight.tiles))
-        weight._bf16_cache = cache
-    return cache[1]
+    return (to_bf16(t), None) if apart else (bf16_like(t), t)
 
 
 class LinearFunction(torch.autograd.Function):
@@ -159,10 +112,11 @@ class LinearFunction(torch.autograd.Function):
         k_dim, n_dim = (0, 1) if w_in_out else (1, 0)
         x2 = as_matrix_tiles(x, batch_tile, wt.tile_shape[k_dim])
         m, n = x2.shape[0], wt.shape[n_dim]
-        per_use = precision == "bf16" and getattr(weight, "_nntile_bf16_per_use", False)
-        source, apart = None, getattr(weight, "_nntile_cast_apart", False)  # MemoryPlan.apply sets it
+        state = param_state(weight)  # its bf16 copy policy (MemoryPlan.apply sets it)
+        per_use = precision == "bf16" and state.bf16_per_use
+        source, apart = None, state.cast_apart
         if precision == "bf16":
-            (x2, source), wc, mode = _bf16_input(x2, apart), weight_bf16(weight), "fp32"
+            (x2, source), wc, mode = _bf16_input(x2, apart), state.weight_bf16(), "fp32"
         else:
             wc, mode = wt, precision
         y = _C.TileTensor([m, n], [x2.tile_shape[0], wt.tile_shape[n_dim]], "float32", "linear.y")

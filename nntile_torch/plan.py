@@ -347,30 +347,32 @@ class MemoryPlan:
     def adamw_kwargs(self, params):
         """AdamW's state dtype, in-backward updates, the parameters kept in host RAM and where they are updated
         ("cpu", "gpu", or for a mixed plan the parameters CPU workers update)."""
+        from .param import param_state
         params = list(params)
         kw = {"state_dtype": self.state_dtype, "step_in_backward": self.step_in_backward}
         if self.beyond_gpu:
             names = set(self.host_parameter_names())
-            kw["offload"] = [p for p in params if getattr(p, "_nntile_plan_name", None) in names]
+            kw["offload"] = [p for p in params if param_state(p).name in names]
             kw["offload_update"] = self.host_update
             if self.host_update == "mixed":
                 on_cpu = set(self.cpu_update_parameter_names())
-                kw["offload_update"] = [p for p in params if getattr(p, "_nntile_plan_name", None) in on_cpu]
+                kw["offload_update"] = [p for p in params if param_state(p).name in on_cpu]
         return kw
 
     def apply(self, model):
         """Checkpointing and the streaming hooks on a converted model (nt.convert(..., plan=plan) calls it)."""
+        from .param import param_state
         from .streaming import install
         per_use = set(self.bf16_per_use_parameter_names())
         for name, p in model.named_parameters():
-            p._nntile_plan_name = name
+            state = param_state(p)
+            state.name = name  # what adamw_kwargs finds the plan's parameters by
             # Beyond GPU memory a bf16 matmul's input is cast by a task of its own: cast inside the GEMM (the
             # default) the GEMM's task holds the float32 source and its bf16 copy at once, and 13B at batch 32 took
             # 5 GiB more host RAM (107.4 against 102.2 GiB; benchmarks/results/h200/inside_gpu_v3).
-            p._nntile_cast_apart = self.beyond_gpu
-            if name in per_use:  # functional.weight_bf16 makes its copy per use from now on; the kept one goes
-                p._nntile_bf16_per_use = True
-                p._bf16_cache = None
+            state.cast_apart = self.beyond_gpu
+            if name in per_use:  # its bf16 copy is made per use from now on; the kept one goes
+                state.bf16_per_use = True
         if self.checkpointing:
             enable = getattr(model, "gradient_checkpointing_enable", None)
             if enable is not None:
@@ -378,8 +380,7 @@ class MemoryPlan:
             else:
                 from .streaming import checkpoint_blocks
                 checkpoint_blocks(model, self.facts.blocks_path)
-        install(model, self)
-        model._nntile_plan = self
+        install(model, self)  # nt.streamer(model).plan is this plan
         return model
 
     # -- reading it ------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ import weakref
 import torch
 
 from . import _C
-from .tensor import TileTensor, fp32_tiles
+from .param import param_state
+from .tensor import TileTensor
 
 
 def _module(model, path):
@@ -58,6 +59,7 @@ class Streamer:
     """The per-block hooks of one plan on one model (install() makes it)."""
 
     def __init__(self, model, plan):
+        self.plan = plan
         self.blocks = list(_module(model, plan.facts.blocks_path)) if plan.facts.blocks_path else []
         self.host = set(plan.host_block_indices)
         self.gpu_updated = set(getattr(plan, "gpu_update_block_indices", ()))
@@ -96,24 +98,16 @@ class Streamer:
         for p in self.blocks[i].parameters():
             if type(p) is not TileTensor or p.dim() != 2:
                 continue
-            if self.bf16 and not fp32_tiles(p):  # a bf16 master weight: what the matmuls read
-                out.append(p._tiles)
-            elif self.bf16:
-                cache = getattr(p, "_bf16_cache", None)
-                if cache is not None and cache[0] == p._tiles.version:
-                    out.append(cache[1])
-            else:
-                out.append(p._tiles)
+            tiles = param_state(p).matmul_tiles(self.bf16)
+            if tiles is not None:
+                out.append(tiles)
         return out
 
     def state(self, i):
         """The master weights and moments block i's GPU update reads (AdamW records them at its first update)."""
         out = []
         for p in self.blocks[i].parameters():
-            moments = getattr(p, "_nntile_update_state", None)
-            if moments is not None:
-                out.append(p._tiles)
-                out.extend(moments)
+            out.extend(param_state(p).update_state())
         return out
 
     def _fetch_state(self, starting, last=False):
@@ -193,7 +187,7 @@ class Streamer:
                 self.inputs.clear()
             x = _first_tile_tensor(args)
             if x is not None:
-                self.inputs[i] = weakref.ref(x._tiles)
+                self.inputs[i] = weakref.ref(x.tiles)
             if behind >= 0:
                 self._offload_input(behind)
 
@@ -201,14 +195,14 @@ class Streamer:
         out = _first_tile_tensor(output)
         if out is None or _in_backward():
             return
-        self.forward_marks[i] = weakref.ref(out._tiles)
+        self.forward_marks[i] = weakref.ref(out.tiles)
         if out.requires_grad:
             out.register_hook(functools.partial(self._pre_backward, i))
 
     def _pre_backward(self, i, grad):
         """Runs when the backward reaches block i (grad: the gradient of its output, made by block i + 1)."""
         if isinstance(grad, TileTensor):
-            self.backward_marks[i + 1] = weakref.ref(grad._tiles)  # block i + 1's backward is done once written
+            self.backward_marks[i + 1] = weakref.ref(grad.tiles)  # block i + 1's backward is done once written
         ahead = i + self.lookahead + 2
         self._wait(self.backward_marks, ahead)
         self._stream(ahead, range(i - 1, max(-1, i - 1 - self.lookahead), -1))
@@ -220,12 +214,18 @@ class Streamer:
 
 def install(model, plan):
     """Hooks the plan's streaming onto model's blocks (replacing an earlier plan's); returns the Streamer."""
-    old = getattr(model, "_nntile_streamer", None)
+    old = streamer(model)
     if old is not None:
         old.remove()
-    streamer = Streamer(model, plan)
-    model._nntile_streamer = streamer
-    return streamer
+    new = Streamer(model, plan)
+    model._nntile_streamer = new  # kept on the model (its lifetime), read through streamer() only
+    return new
+
+
+def streamer(model):
+    """The Streamer that a memory plan installed on `model` (nt.convert(..., plan=) does), or None: its settings
+    (nodes, state_ahead) and counters (state_fetches, checkpoint_moves), and its plan (`.plan`)."""
+    return getattr(model, "_nntile_streamer", None)
 
 
 def checkpoint_blocks(model, path):

@@ -134,6 +134,12 @@ class TileTensor(torch.Tensor):
         """The C++ tiled tensor (shape, tile_shape, grid, ...)."""
         return self._tiles
 
+    def replace_tiles(self, tiles):
+        """Puts other C++ tiles of the same values under this tensor (a bf16 master weight's: ParamState); the
+        cached dense copy goes with the old ones."""
+        self._tiles = tiles
+        self._dense_cache = None
+
     def materialize(self):
         """Dense copy on this tensor's device (waits for the tasks writing the tiles), cached until the tiles
         change. It is a copy: writing to it does not change the tiles (write to the TileTensor itself), and the

@@ -218,7 +218,6 @@ def test_bf16_state_is_adamw_rounded_stochastically(device):
 
 def bf16_master_models(device, seed=0):
     """models()'s pair with bf16 matmuls, and the matmul weights of ours kept as bf16 master weights."""
-    from nntile_torch.functional import keep_as_bf16_master
     torch.manual_seed(seed)
     ours = torch.nn.Sequential(
         nt.nn.Linear(37, 29, tile_size=16, batch_tile_size=8, device=device, precision="bf16"), torch.nn.Tanh(),
@@ -226,7 +225,7 @@ def bf16_master_models(device, seed=0):
     twin = copy.deepcopy(ours)
     for m in ours:
         if isinstance(m, nt.nn.Linear):
-            keep_as_bf16_master(m.weight)
+            nt.param_state(m.weight).keep_bf16_master()
     return ours, twin
 
 
@@ -235,11 +234,10 @@ def test_bf16_master_weight_is_adamw_rounded_stochastically(device):
     float32; after the first step each weight is one of the two bf16 values around the fp32 AdamW result from the
     same start (bf16 moments start at zero: the update is fp32 AdamW's), rounded up with the probability that makes
     it unbiased; moments as with bf16 states. Needs bf16 states; refused by fp32 matmuls."""
-    from nntile_torch.functional import keep_as_bf16_master
     torch.manual_seed(0)
     start = torch.randn(300, 200, device=device).bfloat16().float()
     p = torch.nn.Parameter(nt.TileTensor.from_dense(start.clone(), (128, 64)))
-    keep_as_bf16_master(p)
+    nt.param_state(p).keep_bf16_master()
     p_ref = torch.nn.Parameter(nt.TileTensor.from_dense(start.clone(), (128, 64)))
     assert p.dtype == torch.float32 and p.tiles.dtype == "bfloat16" and p.tiles.name == p_ref.tiles.name
     assert p.materialize().dtype == torch.float32 and torch.equal(p.materialize(), start)
@@ -304,8 +302,7 @@ def test_bf16_master_weights_track_fp32_ones_and_are_deterministic(device):
     opt_b.load_state_dict(saved_opt)
     assert train(ours, opt, data[3:6]) == train(again, opt_b, data[3:6])
     fp32 = nt.nn.Linear(37, 29, tile_size=16, batch_tile_size=8, device=device)
-    from nntile_torch.functional import keep_as_bf16_master
-    keep_as_bf16_master(fp32.weight)
+    nt.param_state(fp32.weight).keep_bf16_master()
     with pytest.raises(TypeError, match="bf16 matmuls only"):
         fp32(data[0][0])
 
@@ -398,7 +395,7 @@ def test_offload_gives_the_same_updates_with_state_in_host_ram(device):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # few CPU workers beside a GPU: a speed warning
         opt_h = nt.optim.AdamW(twin.parameters(), lr=1e-2, offload=0.25)
-    host = [p for p in twin.parameters() if p in opt_h._host]
+    host = [p for p in twin.parameters() if nt.param_state(p).update_on == "cpu"]
     assert 0 < len(host) < len(list(twin.parameters()))
     assert sum(p.numel() for p in host) >= 0.25 * sum(p.numel() for p in twin.parameters())
     data = batches(5, device)
@@ -411,7 +408,7 @@ def test_offload_gives_the_same_updates_with_state_in_host_ram(device):
     nt.synchronize()
     for p in twin.parameters():
         nodes = opt_h.state[p]["exp_avg"].tiles.valid_nodes()
-        if p in opt_h._host:
+        if nt.param_state(p).on_host:
             assert all(n == [0] for n in nodes), nodes
         elif device != "cpu":
             assert all(0 not in n for n in nodes), nodes  # updated on the GPU, never copied back
@@ -423,9 +420,10 @@ def test_offload_arguments():
         nt.optim.AdamW(ours.parameters(), offload=1.5)
     with pytest.raises(ValueError, match="does not update"):
         nt.optim.AdamW(ours[0].parameters(), offload=list(ours[2].parameters()))
-    assert nt.optim.AdamW(ours.parameters(), offload=0)._host == set()
+    nt.optim.AdamW(ours.parameters(), offload=0)
+    assert all(nt.param_state(p).update_on == "any" for p in ours.parameters())
     every = nt.optim.AdamW(ours.parameters(), offload=1.0)
-    assert every._host == set(ours.parameters()) and all(p._nntile_host for p in ours.parameters())
+    assert every.offload_update == "cpu" and all(nt.param_state(p).on_host for p in ours.parameters())
 
 
 def test_moments_marked_for_eviction_first_give_the_same_training(tmp_path):
@@ -461,7 +459,7 @@ def test_updates_write_the_bf16_copy_in_the_same_task(device, state_dtype):
     for model, o in ((ours, opt), (off, opt_off), (apart, opt_apart)):
         submitted = nt.stats()["tasks_submitted"]
         if model is apart:  # each forward finds no copy and converts the weight again
-            o.step = lambda step=o.step: (step(), [setattr(p, "_bf16_cache", None) for p in apart.parameters()])
+            o.step = lambda step=o.step: (step(), [nt.param_state(p).drop_bf16_copy() for p in apart.parameters()])
         losses.append(train(model, o, data))
         tasks.append(nt.stats()["tasks_submitted"] - submitted)
     converts = sum(p.tiles.ntiles for p in apart.parameters() if p.dim() == 2) * (len(data) - 1)
@@ -471,7 +469,7 @@ def test_updates_write_the_bf16_copy_in_the_same_task(device, state_dtype):
     for p, q, r in zip(ours.parameters(), off.parameters(), apart.parameters()):
         for w in (p, q):
             if w.dim() == 2:
-                version, cache = w._bf16_cache
+                version, cache = nt.param_state(w).bf16_copy
                 assert version == w.tiles.version and cache.name == "weight.bf16"
                 dense = nt.TileTensor(cache, tuple(w.shape), w.device).materialize()
                 assert torch.equal(dense, w.materialize().to(torch.bfloat16))

@@ -143,8 +143,8 @@ def test_bf16_linear_casts_its_inputs_in_its_gemms(apart, device):
     results = []
     for cast_apart in (apart, not apart):
         ours, _ = make_pair(37, 53, True, 16, 8, device, "bf16")
-        ours.weight._nntile_cast_apart = cast_apart
-        nt.functional.weight_bf16(ours.weight)  # the weight's own bf16 copy, made once per version: not counted
+        nt.param_state(ours.weight).cast_apart = cast_apart
+        nt.param_state(ours.weight).weight_bf16()  # the weight's own bf16 copy, made once per version: not counted
         with nt.task_trace() as records:
             y, grads = run(ours, x, gy)
             results.append([y.materialize(), *(g.materialize() for g in grads)])

@@ -93,7 +93,8 @@ def test_offloaded_parameters_update_on_cpu_workers_when_places_are_gpu_workers(
 
     def host_state_nodes(model, opt):
         nt.synchronize()
-        nodes.extend(n for p in opt._host for n in opt.state[p]["exp_avg"].tiles.valid_nodes())
+        nodes.extend(n for p in model.parameters() if nt.param_state(p).on_host
+                     for n in opt.state[p]["exp_avg"].tiles.valid_nodes())
 
     kw = dict(ncuda=None, streams_per_gpu=2, precision="bf16")  # places=2: the GPU's two CUDA workers
     l_gpu, _, _ = train(ncpus=2, places=2, **kw)

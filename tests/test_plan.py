@@ -313,16 +313,19 @@ def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, 
     assert plan.bf16_per_use and len(per_use) == 2 * 4 and all(n.startswith(("transformer.h.0.", "transformer.h.1."))
                                                                for n in per_use)
     ours = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37, plan=plan)
-    assert plan.beyond_gpu and all(p._nntile_cast_apart for p in ours.parameters())  # casts as their own tasks
+    assert plan.beyond_gpu and all(nt.param_state(p).cast_apart for p in ours.parameters())  # casts as their own tasks
     if device == "cpu":
-        ours._nntile_streamer.nodes = [0]
-    ours._nntile_streamer.state_ahead = 0  # the early state fetch too (off by default)
+        nt.streamer(ours).nodes = [0]
+    nt.streamer(ours).state_ahead = 0  # the early state fetch too (off by default)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # few CPU workers beside a GPU: a speed warning
         opt = nt.optim.AdamW(ours.parameters(), lr=1e-3, plan=plan)
-    assert opt.offload_update == where and bool(opt._host) == (where != "gpu") and bool(opt._streamed) == (where != "cpu")
-    host = {n for n, p in ours.named_parameters() if p in opt._host or p in opt._streamed}
-    on_gpu = {n for n, p in ours.named_parameters() if p in opt._streamed}
+    update_on = {n: nt.param_state(p).update_on for n, p in ours.named_parameters()}
+    assert opt.offload_update == where and ("cpu" in update_on.values()) == (where != "gpu") \
+        and ("streamed" in update_on.values()) == (where != "cpu")
+    host = {n for n, on in update_on.items() if on != "any"}
+    on_gpu = {n for n, on in update_on.items() if on == "streamed"}
+    assert host == {n for n, p in ours.named_parameters() if nt.param_state(p).home == "host"}
     assert host == set(plan.host_parameter_names()) and all(n.startswith(("transformer.h.2.", "transformer.h.3."))
                                                               for n in host)
     assert on_gpu == host - set(plan.cpu_update_parameter_names())
@@ -338,21 +341,22 @@ def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, 
     assert _train(ours, opt, device=device) == _train(twin, opt_t, device=device)
     # the GPU updates' state was fetched ahead in the backward of steps 2 and 3 (master weight and two moments)
     per_step = 3 * len(on_gpu) * (1 if device == "cpu" else len(nt._C.cuda_memory_nodes()))
-    assert ours._nntile_streamer.state_fetches == 2 * per_step
+    assert nt.streamer(ours).state_fetches == 2 * per_step
     nt._C.wait_all()
     for (n, a), b in zip(ours.named_parameters(), twin.parameters()):
         if n in on_gpu:  # written back: valid in host RAM (node 0), every tile
             st = opt.state[a]
-            tiles = [a._tiles, st["exp_avg"]._tiles, st["exp_avg_sq"]._tiles]
+            tiles = [a.tiles, st["exp_avg"].tiles, st["exp_avg_sq"].tiles]
+            assert list(nt.param_state(a).update_state()) == tiles[:3]  # what the streaming fetches
             if a.dim() == 2:
-                tiles.append(a._bf16_cache[1])
+                tiles.append(nt.param_state(a).bf16_copy[1])
             for t in tiles:  # the write-back is an asynchronous acquisition: a moment after the tasks
                 deadline = time.monotonic() + 10
                 while not all(0 in nodes for nodes in t.valid_nodes()) and time.monotonic() < deadline:
                     time.sleep(0.01)
                 assert all(0 in nodes for nodes in t.valid_nodes()), (n, t.name, t.valid_nodes())
         if n in per_use:  # no copy kept (the twin's, made by hand without a plan, is)
-            assert getattr(a, "_bf16_cache", None) is None and b._bf16_cache is not None, n
+            assert nt.param_state(a).bf16_copy is None and nt.param_state(b).bf16_copy is not None, n
         assert torch.equal(a.materialize(), b.materialize()), n
     with pytest.raises(ValueError, match="contradicts the plan"):
         nt.optim.AdamW(ours.parameters(), plan=plan, state_dtype=torch.float32)
@@ -366,17 +370,16 @@ def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, 
 def test_training_with_bf16_master_weights_under_a_plan_is_the_same_as_by_hand(device, where):
     """master_dtype=torch.bfloat16 in a plan with two host blocks: convert() keeps exactly the blocks' matmul weights
     as bf16 tiles (float32 to torch; the embeddings, norms and biases stay fp32), the host blocks' made in host RAM;
-    the training is bit for bit the same as the same choices made by hand (keep_as_bf16_master, AdamW with bf16
+    the training is bit for bit the same as the same choices made by hand (ParamState.keep_bf16_master, AdamW with bf16
     states, host updates), and the bf16 weights move."""
     import warnings
-    from nntile_torch.functional import keep_as_bf16_master
     plan = nt.plan(gpt2(n_layer=4), batch=4, seq=37, precision="bf16", gpu_memory="1GiB", host_blocks=2,
                    checkpointing=True, host_update=where, master_dtype=torch.bfloat16)
     assert plan.master_dtype == torch.bfloat16 and plan.state_dtype == torch.bfloat16
     names = set(plan.bf16_master_parameter_names())
     ours = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37, plan=plan)
     if device == "cpu":
-        ours._nntile_streamer.nodes = [0]
+        nt.streamer(ours).nodes = [0]
     kept = {n for n, p in ours.named_parameters() if p.tiles.dtype == "bfloat16"}
     start = {n: p.materialize().clone() for n, p in ours.named_parameters() if n in names}
     assert kept == names and len(names) == 4 * 4 and all(p.dtype == torch.float32 for p in ours.parameters())
@@ -388,7 +391,7 @@ def test_training_with_bf16_master_weights_under_a_plan_is_the_same_as_by_hand(d
     twin.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for n, p in twin.named_parameters():
         if n in names:
-            keep_as_bf16_master(p, on_host=n in host)
+            nt.param_state(p).keep_bf16_master(on_host=n in host)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-3, step_in_backward=True, state_dtype=torch.bfloat16,
@@ -449,7 +452,7 @@ def test_training_with_checkpoints_in_host_ram_is_bit_for_bit_the_same(device):
                    checkpointing=True, host_checkpoints=True, lookahead=1)
     assert plan.host_checkpoints and not plan.beyond_gpu
     ours = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37, plan=plan)
-    streamer = ours._nntile_streamer
+    streamer = nt.streamer(ours)
     if device == "cpu":
         streamer.nodes = [0]
     twin = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37)
@@ -469,7 +472,7 @@ def test_offload_fraction_takes_the_last_parameters():
     model = nt.convert(gpt2(n_layer=4), tile_size=384, batch_tile_size=37)
     opt = nt.optim.AdamW(model.parameters(), offload=0.3)
     tiled = [p for p in model.parameters() if isinstance(p, nt.TileTensor)]
-    chosen = [i for i, p in enumerate(tiled) if p in opt._host]
+    chosen = [i for i, p in enumerate(tiled) if nt.param_state(p).on_host]
     assert chosen == list(range(len(tiled) - len(chosen), len(tiled)))
     assert sum(tiled[i].numel() for i in chosen) >= 0.3 * sum(p.numel() for p in tiled)
 

@@ -1,13 +1,13 @@
 """nntile_torch.optim.AdamW: torch.optim.AdamW's semantics, the update as one task per parameter tile."""
 import torch
 
-import contextlib
 import os
 import warnings
 
 from .. import _C
-from ..functional import tiles_of, weight_bf16
-from ..runtime import host_tasks, info
+from ..functional import tiles_of
+from ..param import param_state
+from ..runtime import info
 from ..tensor import TileTensor, fp32_tiles, without_torch_function
 
 
@@ -49,10 +49,27 @@ def _grad_tiles(param):
     once per parameter per step, on the submitting thread (docs/DESIGN.md, "The stream of tasks")."""
     grad = param.grad
     if type(grad) is TileTensor:
-        g, t = grad._tiles, param._tiles
+        g, t = grad.tiles, param.tiles
         if g.dtype == "float32" and g.tile_shape == t.tile_shape and g.shape == t.shape:
             return g
     return _tiles_like(param, grad).tiles
+
+
+def adamw_update(param, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step, fresh, seed):
+    """One AdamW step of a tile parameter: one task per tile, submitted where its ParamState places the update, which
+    writes the next bf16 copy where one is kept and does the placement's bookkeeping after (a streamed update's
+    write-back, evict-first). No wait.
+
+    param: the TileTensor parameter (its fp32 or bf16 master tiles are updated in place); grad: fp32 C++ tiles tiled
+    like it; exp_avg, exp_avg_sq: the moments as TileTensors tiled like it (fp32 or bf16; bf16 ones are stored with
+    stochastic rounding seeded by `seed`, the same on any device); step: the step count after this one's increment
+    (bias correction); fresh: the moments are unwritten (this is their first step: they start at zero)."""
+    state = param_state(param)
+    with state.update_context():
+        copy = state.bf16_copy_for_update()
+        _C.adamw(grad, param.tiles, exp_avg.tiles, exp_avg_sq.tiles, lr, beta1, beta2, eps, weight_decay, step, fresh,
+                 seed, copy=copy)
+        state.record_update(exp_avg.tiles, exp_avg_sq.tiles, copy)
 
 
 class AdamW(torch.optim.Optimizer):
@@ -144,16 +161,17 @@ class AdamW(torch.optim.Optimizer):
             raise ValueError("parameters kept as bf16 master weights (nt.plan's master_dtype=torch.bfloat16) need "
                              "state_dtype=torch.bfloat16")
         chosen = self._offloaded(offload, offload_update if isinstance(offload_update, str) else "gpu")
-        # _host: updated by CPU workers; _streamed: state in host RAM, updated on the GPU and written back
+        # host: updated by CPU workers; streamed: state in host RAM, updated on the GPU and written back
         if isinstance(offload_update, str):
-            self._host, self._streamed = (chosen, set()) if offload_update == "cpu" else (set(), chosen)
+            host, streamed = (chosen, set()) if offload_update == "cpu" else (set(), chosen)
         else:  # a split: these of the offloaded ones by CPU workers, the others on the GPU
             on_cpu = self._offloaded(offload_update, "cpu", among=[p for p in self._tiled_params() if p in chosen])
-            self._host, self._streamed = on_cpu, chosen - on_cpu
-            offload_update = "cpu" if not self._streamed else "gpu" if not self._host else "mixed"
+            host, streamed = on_cpu, chosen - on_cpu
+            offload_update = "cpu" if not streamed else "gpu" if not host else "mixed"
         self.offload_update = offload_update
-        for p in self._host:
-            p._nntile_host = True  # functional.weight_bf16 makes its bf16 copy on the CPU as well
+        for p in self._tiled_params():  # each parameter's state says where its update runs (the bf16 copy too)
+            param_state(p).place_update("cpu" if p in host else "streamed" if p in streamed else "any",
+                                        self._evict_first, state_dtype)
 
     def _tiled_params(self):
         return [p for g in self.param_groups for p in g["params"]
@@ -247,7 +265,7 @@ class AdamW(torch.optim.Optimizer):
         state["step"] = state["step"] + 1  # not in place: a loaded state_dict may share the tensor
         step = int(state["step"].item())
         if tiled:
-            with host_tasks() if p in self._host else contextlib.nullcontext():
+            with param_state(p).update_context():  # CPU workers for a parameter updated there
                 self._tile_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step)
         else:
             self._dense_step(p, state, fresh, group.get("maximize", False), lr, beta1, beta2, eps, wd, step)
@@ -272,34 +290,7 @@ class AdamW(torch.optim.Optimizer):
                 state["exp_avg_sq"] = _tiles_like(p, state["exp_avg_sq"], dtype, "exp_avg_sq", True)
         m, v = state["exp_avg"], state["exp_avg_sq"]
         self._tiled_states[p] = (m, v)
-        copy = None
-        streamed = p in self._streamed
-        if getattr(p, "_bf16_cache", None) is not None and fp32_tiles(p):  # (a bf16 master is its own copy)
-            # The next forward's bf16 copy, written by the update's own task: the same values as a conversion
-            # after it, one pass over the weight and one task per tile less (GPT-2 XL on the H200: 200 tasks and
-            # ~7 ms of a 0.31 s step). The memory plan's streaming fetches it to the GPU ahead of that forward
-            # (nntile_torch/streaming.py). Weights whose copy is made per use keep no cache and get none.
-            copy = _C.TileTensor(list(p._tiles.shape), list(p._tiles.tile_shape), "bfloat16", p._tiles.name + ".bf16")
-        _C.adamw(grad, p._tiles, m._tiles, v._tiles, lr, beta1, beta2, eps, wd, step, fresh, self._seeds[p],
-                 copy=copy)
-        if copy is not None:
-            p._bf16_cache = (p._tiles.version, copy)
-        if streamed:
-            p._nntile_update_state = (m._tiles, v._tiles)  # the streaming fetches them ahead of the next update
-            # Back to host RAM once written (an acquisition there ordered after the update), then first in the GPU's
-            # eviction order: clean copies, so making room for the next blocks writes nothing back under pressure.
-            for t in (p._tiles, m._tiles, v._tiles) + ((copy,) if copy is not None else ()):
-                t.prefetch(0)
-                t.wont_use()
-            return
-        if self._evict_first:
-            m.tiles.wont_use()
-            v.tiles.wont_use()
-            if getattr(p, "_bf16_cache", None) is not None:
-                # The next forward's bf16 copy, made now from the weight just written (the same values as later):
-                # the fp32 weight is then read only by the next update, in this same order, so it goes first too.
-                weight_bf16(p)
-                p.tiles.wont_use()
+        adamw_update(p, grad, m, v, lr, beta1, beta2, eps, wd, step, fresh, self._seeds[p])
 
     @staticmethod
     def _dense_step(p, state, fresh, maximize, lr, beta1, beta2, eps, wd, step):
