@@ -603,3 +603,42 @@ def test_streams_per_gpu_default_environment_and_errors():
     for bad in (0, -1, True, 1.5, "2"):
         with pytest.raises(ValueError, match="streams_per_gpu must be a positive int"):
             nt.init(streams_per_gpu=bad)
+
+
+_PATCH_SETTINGS_SCRIPT = """
+import ctypes, os, torch, nntile_torch as nt
+nt.init(ncpus=1, ncuda=0)
+libc = ctypes.CDLL(None)
+libc.getenv.restype = ctypes.c_char_p
+seen = {k: (libc.getenv(k.encode()) or b"").decode() for k in nt.runtime.PATCH_SETTINGS}  # what StarPU read
+w = nt.nn.Linear(8, 8, tile_size=8)
+opt = nt.optim.AdamW(w.parameters())
+print("evict", seen["NNTILE_EVICT_WONT_USE_FIRST"], int(opt._evict_first),
+      int(nt.info()["starpu_patch_settings"]["NNTILE_EVICT_WONT_USE_FIRST"]))
+nt.shutdown()
+print("after", os.environ.get("NNTILE_EVICT_WONT_USE_FIRST"))
+"""
+
+
+@pytest.mark.parametrize("user", [None, "0", "1"], ids=["env=unset", "env=0", "env=1"])
+def test_adamw_eviction_marking_follows_what_starpu_was_told(user):
+    """StarPU (patched) reads NNTILE_EVICT_WONT_USE_FIRST from the C environment; AdamW marks its updated tiles by the
+    same setting (the runtime's choice, default on). AdamW read os.environ, which does not see a default set with C's
+    setenv: it had the marking off while StarPU had it on."""
+    from conftest import run_python
+    env = {k: v for k, v in os.environ.items() if k != "NNTILE_EVICT_WONT_USE_FIRST"}
+    if user is not None:
+        env["NNTILE_EVICT_WONT_USE_FIRST"] = user
+    code = "import os; os.environ.pop('NNTILE_EVICT_WONT_USE_FIRST', None)\n" if user is None else ""
+    rc, out, err = run_python(code + _PATCH_SETTINGS_SCRIPT, 120, env=env, what="the settings script")
+    assert rc == 0, err[-2000:]
+    want = "0" if user == "0" else "1"
+    assert f"evict {want} {want} {want}" in out, out
+    assert f"after {user}" in out, out  # the user's environment back after shutdown
+
+
+def test_bad_patch_setting_raises():
+    from conftest import run_python
+    rc, out, err = run_python("import nntile_torch as nt\nnt.init(ncpus=1, ncuda=0)\n", 60,
+                              env={"NNTILE_CUDA_POOL": "yes"})
+    assert rc != 0 and "NNTILE_CUDA_POOL must be 0 (off) or a positive integer (on) (got 'yes')" in err, err[-2000:]
