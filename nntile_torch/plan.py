@@ -454,6 +454,14 @@ class MemoryPlan:
 
 # ---------------------------------------------------------------------------------------------------------------
 
+def format_bytes(n):
+    """12.3 GiB, 40.0 MiB, 512 KiB: sizes as people read them, the small ones of tests and CPU runs included."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n / 2**10:.0f} KiB"
+
+
 def _count(n):
     """1.56B, 124.4M, 118.5K parameters."""
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}K"

@@ -261,6 +261,29 @@ def test_infeasible_model_raises_before_anything_and_says_what_would_fit():
     assert fits.tiers["disk"] and fits.traffic["disk"] > 0
 
 
+def test_convert_of_a_model_that_fits_nowhere_raises_the_named_error_and_changes_nothing():
+    """convert() under a host limit its parameters cannot fit in raises InsufficientMemoryError (as nt.plan does),
+    before any module is swapped, with sizes that would make it fit; it raised a RuntimeError from the first tile
+    tensor that did not fit, with the model half converted."""
+    from conftest import run_python
+    code = (
+        "import torch, nntile_torch as nt\n"
+        "nt.init(ncpus=1, ncuda=0, host_memory_limit='16MiB')\n"
+        "model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)])  # 32 MiB of float32\n"
+        "try:\n"
+        "    nt.convert(model)\n"
+        "except nt.InsufficientMemoryError as e:\n"
+        "    print('refused', e.missing['host'], all(type(m) is torch.nn.Linear for m in model), nt.stats()['tile_bytes'])\n"
+        "    print(e)\n"
+        "nt.shutdown(); nt.init(ncpus=1, ncuda=0, host_memory_limit='40MiB')\n"
+        "nt.convert(model); print('fits', nt.stats()['tile_bytes'])\n")
+    rc, out, err = run_python(code, 120, what="convert under a 16 MiB host limit")
+    assert rc == 0, err[-3000:]
+    assert f"refused {16 * 2**20 + 8 * 4 * 1024} True 0" in out, out  # 32 MiB + biases - 16 MiB; nothing swapped
+    assert "host_memory_limit of at least 32.0 MiB" in out and "disk node" in out and "of at least 16.0 MiB" in out, out
+    assert f"fits {8 * 4 * (1024 * 1024 + 1024)}" in out, out
+
+
 def test_plan_rejects_bad_arguments():
     model = gpt2(n_layer=2)
     with pytest.raises(ValueError, match="batch"):
