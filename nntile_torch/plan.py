@@ -247,6 +247,7 @@ class MemoryPlan:
         self.times = times  # {"gpu_s", "pcie_s", "host_update_s", "disk_s", "step_s"}
         self.lookahead = lookahead
         self.alternatives = alternatives  # [(Option, step_s or None, reason)] the others considered
+        self.limits = {}  # nt.init's limits for the capacities given to nt.plan (init_kwargs, init)
 
     # -- what the plan decided -------------------------------------------------------------------------------
     @property
@@ -325,7 +326,9 @@ class MemoryPlan:
 
     # -- applying it -----------------------------------------------------------------------------------------
     def init_kwargs(self):
-        """nt.init's arguments for this plan (CPU workers for the host blocks' updates)."""
+        """nt.init's arguments for this plan: the memory limits given to nt.plan (cuda_memory_limit, host_memory_limit,
+        disk_limit), CPU workers for the host blocks' updates, one CUDA worker per GPU and a submission window beyond
+        GPU memory."""
         kw = {}
         from . import runtime
         # One worker per GPU beyond GPU memory (two measured 0.90x at 13B), unless the user's STARPU_NWORKER_PER_CUDA
@@ -336,13 +339,33 @@ class MemoryPlan:
             kw["ncpus"] = self.capacity.cpu_workers
         if self.submission_window:
             kw["max_submitted_tasks"] = self.submission_window
+        kw.update(self.limits)
         return kw
 
     def init(self, **overrides):
-        """Starts the runtime with the plan's settings (nt.init); a running runtime is left as it is."""
+        """Starts the runtime with the plan's settings (nt.init): the memory limits given to nt.plan (gpu_memory,
+        host_memory, disk_limit: a disk node needs disk_path=... here), the workers and the submission window;
+        `overrides` are nt.init's arguments and win. A running runtime is kept when it has the plan's limits; with
+        others, RuntimeError (the plan would count on memory StarPU does not have, or leave unused)."""
         from . import _C, runtime
+        kw = {**self.init_kwargs(), **overrides}
+        if kw.get("disk_limit") is not None and kw.get("disk_path") is None:
+            raise ValueError(f"the plan counts on a disk node of {format_bytes(kw['disk_limit'])} (disk_limit): pass "
+                             "its directory, plan.init(disk_path=...)")
         if not _C.running():
-            runtime.init(**{**self.init_kwargs(), **overrides})
+            runtime.init(**kw)
+            return
+        info = runtime.info()
+        split = info.get("cuda_memory_split") or {}
+        running = {"cuda_memory_limit": split.get("starpu_limit_bytes") if info.get("gpus") else None,
+                   "host_memory_limit": runtime._host_limit,
+                   "disk_limit": (info.get("settings") or {}).get("disk_limit")}
+        differ = {k: (running[k], runtime.parse_bytes(kw[k], k)) for k in running
+                  if kw.get(k) is not None and (k != "cuda_memory_limit" or info.get("gpus"))
+                  and running[k] != runtime.parse_bytes(kw[k], k)}
+        if differ:
+            raise RuntimeError("nntile_torch is running with other memory limits than the plan's (running vs plan: "
+                               f"{differ}); call nntile_torch.shutdown() before plan.init()")
 
     def adamw_kwargs(self, params):
         """AdamW's state dtype, in-backward updates, the parameters kept in host RAM and where they are updated
@@ -742,8 +765,14 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     feasible.sort(key=key)
     best = feasible[0]
     alternatives = [(o, t["step_s"]) for o, _, _, t in feasible[1:6]]  # the next ones in that order
-    return MemoryPlan(facts, batch, seq, precision, best[0], cap, rates, best[1], best[2], best[3], lookahead,
+    made = MemoryPlan(facts, batch, seq, precision, best[0], cap, rates, best[1], best[2], best[3], lookahead,
                       alternatives, pinned_master=master_dtype is not None)
+    for arg, given, value in (("cuda_memory_limit", gpu_memory, cap.gpu_bytes),
+                              ("host_memory_limit", host_memory, cap.host_bytes),
+                              ("disk_limit", disk_limit, cap.disk_bytes)):
+        if given is not None:
+            made.limits[arg] = value
+    return made
 
 
 def _explain(facts, batch, seq, considered, cap, tried_bf16_masters=False, host_checkpoints_fit=False):

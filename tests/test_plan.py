@@ -284,6 +284,35 @@ def test_convert_of_a_model_that_fits_nowhere_raises_the_named_error_and_changes
     assert f"fits {8 * 4 * (1024 * 1024 + 1024)}" in out, out
 
 
+def test_plan_init_applies_the_capacities_given_to_the_plan(tmp_path):
+    """plan.init() starts the runtime with the limits the plan was made for (host_memory -> host_memory_limit,
+    disk_limit -> a disk node, whose directory plan.init needs); it left the host limit unset. A runtime running
+    with other limits is refused rather than trained under a plan that counts on memory it does not have."""
+    from conftest import run_python
+    code = (
+        "import torch, nntile_torch as nt\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(64, 64))\n"
+        "plan = nt.plan(model, batch=2, seq=8, precision='fp32', host_memory='1GiB', disk_limit='64MiB')\n"
+        "try:\n"
+        "    plan.init()\n"
+        "except ValueError as e:\n"
+        "    print('needs', e)\n"
+        f"plan.init(disk_path={str(tmp_path)!r})\n"
+        "i = nt.info()\n"
+        "print('limits', i['host_memory_limit_bytes'], i['settings']['disk_limit'], nt.memory_nodes()[0]['total_bytes'])\n"
+        "plan.init(disk_path='ignored: running with these limits already')\n"
+        "other = nt.plan(model, batch=2, seq=8, precision='fp32', host_memory='2GiB')\n"
+        "try:\n"
+        "    other.init()\n"
+        "except RuntimeError as e:\n"
+        "    print('refused', e)\n")
+    rc, out, err = run_python(code, 120, what="plan.init")
+    assert rc == 0, err[-3000:]
+    assert "needs the plan counts on a disk node of 64.0 MiB (disk_limit): pass its directory" in out, out
+    assert f"limits {2**30} {64 * 2**20} {2**30}" in out, out
+    assert "refused nntile_torch is running with other memory limits" in out and "'host_memory_limit'" in out, out
+
+
 def test_plan_rejects_bad_arguments():
     model = gpt2(n_layer=2)
     with pytest.raises(ValueError, match="batch"):
