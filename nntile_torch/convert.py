@@ -363,7 +363,8 @@ def _check_fits(model, swaps, tile_plan):
         + "). Nothing was changed. What would make it fit: a host_memory_limit of at least "
         f"{format_bytes(runtime._host_limit + short)} (nt.init), or a disk node (nt.init(disk_path=..., disk_limit=...)) "
         f"of at least {format_bytes(disk + short)}; training needs more still (optimizer states, activations: "
-        "nt.plan(model, batch, seq) says how much)", missing={"host": short})
+        "nt.plan(model, batch, seq) says how much)", missing={"host": short},
+        fixes=[{"host_memory": runtime._host_limit + short}, {"disk_limit": disk + short}])
 
 
 def _home_device(init_device):

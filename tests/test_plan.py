@@ -253,12 +253,44 @@ def test_infeasible_model_raises_before_anything_and_says_what_would_fit():
         nt.plan(model, batch=16, seq=1024, gpu_memory="40GiB", host_memory="60GiB")
     assert time.monotonic() - t0 < 60
     msg = str(e.value)
-    assert "missing" in msg and "disk node" in msg and "smaller batch" in msg, msg
+    assert "missing" in msg and "What would make it fit" in msg, msg
     assert e.value.missing and all(b > 0 for b in e.value.missing.values())
+    assert e.value.fixes == [{"gpu_memory": e.value.fixes[0]["gpu_memory"]}]  # nothing else alone would do
+    nt.plan(model, batch=16, seq=1024, gpu_memory=e.value.fixes[0]["gpu_memory"], host_memory="60GiB")
     assert all(p.is_meta for p in model.parameters()) and nt.stats()["tasks_submitted"] == tasks
     # the same model fits with a disk node large enough, or pinned to bf16 moments it needs less
     fits = nt.plan(model, batch=1, seq=1024, gpu_memory="40GiB", host_memory="60GiB", disk_limit="400GiB")
     assert fits.tiers["disk"] and fits.traffic["disk"] > 0
+
+
+@pytest.mark.parametrize("precision,pins", [("fp32", {}), ("bf16", {}), ("bf16", {"state_dtype": torch.float32}),
+                                            ("fp32", {"checkpointing": False, "step_in_backward": False})],
+                         ids=["fp32", "bf16", "bf16-fp32-moments", "fp32-pinned"])
+def test_what_would_make_it_fit_is_checked_by_planning_again(monkeypatch, precision, pins):
+    """Each change the error names makes the plan fit when made alone (.fixes); at precision fp32 it suggested
+    master_dtype=torch.bfloat16, which the plan rejects there, and "a disk node of at least 0 GiB"."""
+    import importlib
+    plan_mod = importlib.import_module("nntile_torch.plan")
+    host = 40 * 2**20
+    monkeypatch.setattr(plan_mod, "_machine_capacity", lambda disk=None: plan_mod.Capacity(0, host, disk or 0, 0, 2))
+    model = gpt2(n_layer=2)
+    with pytest.raises(nt.InsufficientMemoryError) as e:
+        nt.plan(model, batch=8, seq=64, precision=precision, **pins)
+    msg = str(e.value)
+    assert e.value.fixes and " 0 GiB" not in msg and " 0 KiB" not in msg, msg
+    assert ("master_dtype" in msg) == (precision == "bf16" and any("master_dtype" in f for f in e.value.fixes)), msg
+    assert any("disk_limit" in f for f in e.value.fixes) and any("host_memory" in f for f in e.value.fixes)
+    for fix in e.value.fixes:
+        kw = dict(pins, precision=precision, batch=8)
+        if fix.get("master_dtype") is not None:
+            kw.pop("state_dtype", None)
+        kw.update(fix)
+        nt.plan(model, seq=64, **kw)  # fits
+        for arg in ("disk_limit", "host_memory"):  # and the least that does, within 1/16 of what it adds
+            if arg in fix:
+                less = fix[arg] - max(2**20, (fix[arg] - (0 if arg == "disk_limit" else host)) // 8)
+                with pytest.raises(nt.InsufficientMemoryError):
+                    nt.plan(model, seq=64, **dict(kw, **{arg: less}))
 
 
 def test_convert_of_a_model_that_fits_nowhere_raises_the_named_error_and_changes_nothing():
