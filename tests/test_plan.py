@@ -380,13 +380,14 @@ def _train(model, opt, steps=3, device="cpu"):
 
 
 @pytest.mark.parametrize("where", ["cpu", "gpu", "mixed"])
-def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, where):
+def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, where, monkeypatch):
     """A plan with its last two blocks in host RAM (on a CPU-only machine the weights are "streamed" to host RAM,
     memory node 0, which runs the same prefetch, won't-use, fetch and throttle calls; on a GPU to the GPU):
     checkpointing, updates inside backward and host updates (by CPU workers, on the GPU with the state fetched ahead
     and written back, or the last block by CPU workers and the other on the GPU) give exactly the losses and weights
     of the same choices made by hand, without the hooks. With GPU updates every such parameter's weight, moments and
-    bf16 copy are back in host RAM after each step."""
+    bf16 copy are sent back to host RAM after each update (on a GPU: found valid there; on the CPU, where host RAM is
+    the only node and residency says nothing, the write-back requests are counted)."""
     import warnings
     plan = nt.plan(gpt2(n_layer=4), batch=4, seq=37, precision="bf16", gpu_memory="1GiB", host_blocks=2,
                    checkpointing=True, state_dtype=torch.bfloat16, host_update=where)
@@ -419,7 +420,16 @@ def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, 
         opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-3, step_in_backward=True, state_dtype=torch.bfloat16,
                                offload=[p for n, p in twin.named_parameters() if n in host], offload_update=split)
     assert opt_t.offload_update == where
+    written_back = []  # tiles asked back to host RAM (node 0), in order
+    prefetch = nt._C.TileTensor.prefetch
+
+    def spy(tiles, node):
+        if node == 0:
+            written_back.append(tiles)
+        return prefetch(tiles, node)
+    monkeypatch.setattr(nt._C.TileTensor, "prefetch", spy)
     assert _train(ours, opt, device=device) == _train(twin, opt_t, device=device)
+    monkeypatch.undo()
     # the GPU updates' state was fetched ahead in the backward of steps 2 and 3 (master weight and two moments)
     per_step = 3 * len(on_gpu) * (1 if device == "cpu" else len(nt._C.cuda_memory_nodes()))
     assert ours._nntile_streamer.state_fetches == 2 * per_step
@@ -430,6 +440,9 @@ def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, 
             tiles = [a._tiles, st["exp_avg"]._tiles, st["exp_avg_sq"]._tiles]
             if a.dim() == 2:
                 tiles.append(a._bf16_cache[1])
+            for t in tiles:  # each asked back once per step (the bf16 copy is new each step: the last one's)
+                times = sum(x is t for x in written_back)
+                assert times == (1 if t is tiles[-1] and a.dim() == 2 else 3), (n, t.name, times)
             for t in tiles:  # the write-back is an asynchronous acquisition: a moment after the tasks
                 deadline = time.monotonic() + 10
                 while not all(0 in nodes for nodes in t.valid_nodes()) and time.monotonic() < deadline:
