@@ -162,6 +162,59 @@ def patch_setting(name):
     return _patch_settings[name] == "1"
 
 
+# The level of scripts/patch_starpu.py nntile_torch needs (its PATCH_LEVEL when the patch last changed).
+REQUIRED_STARPU_PATCH_LEVEL = 1
+_patch_checked = False
+
+
+def _loaded_starpu_path():
+    """The file of the libstarpu this process loaded (through _C), from /proc/self/maps; None where there is none."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(None, 5)  # address, perms, offset, device, inode, path (absent: anonymous)
+                if len(fields) == 6 and re.search(r"/libstarpu-[0-9.]+\.so", fields[5]):
+                    return fields[5].strip()
+    except OSError:
+        pass
+    return None
+
+
+def starpu_patch_level():
+    """The level of the project's StarPU patch (scripts/patch_starpu.py) in the StarPU this process loaded: 0 for a
+    StarPU built without it (a distribution's, one's own), None where it cannot be read (no /proc)."""
+    import ctypes
+    path = _loaded_starpu_path()
+    if path is None:
+        return None
+    lib = ctypes.CDLL(path)  # loaded already: the same library, not a second copy
+    try:
+        fn = lib.starpu_nntile_patch_level
+    except AttributeError:
+        return 0
+    fn.restype = ctypes.c_int
+    return int(fn())
+
+
+def _check_starpu_patch(level=None):
+    """Warns (NNTILE_REQUIRE_PATCHED_STARPU=1: raises) when the loaded StarPU lacks the patch this code relies on."""
+    if level is None:
+        level = starpu_patch_level()
+    if level is None or level >= REQUIRED_STARPU_PATCH_LEVEL:
+        return
+    found = "without the patch" if level == 0 else f"with patch level {level}"
+    msg = (f"nntile_torch: the StarPU loaded ({_loaded_starpu_path() or 'libstarpu'}) was built {found}; nntile_torch "
+           f"needs level {REQUIRED_STARPU_PATCH_LEVEL} of scripts/patch_starpu.py. Without it: host copies of tiles are "
+           "never dropped and won't-use tiles are not evicted first (models beyond GPU memory fill host RAM and can "
+           "stall), GPU buffers come from cudaMalloc / cudaFree (each free waits for the whole GPU), and torch's GPU "
+           "memory can be lost to a device reset at StarPU's first start. Build it with scripts/install_starpu.sh "
+           "(STARPU_PREFIX=... for a prefix of your own) and rebuild nntile_torch against it.")
+    if os.environ.get("NNTILE_REQUIRE_PATCHED_STARPU", "0") not in ("", "0"):
+        raise RuntimeError(msg + " (NNTILE_REQUIRE_PATCHED_STARPU is set: an error, not a warning)")
+    import warnings
+    warnings.warn(msg + " (NNTILE_REQUIRE_PATCHED_STARPU=1 makes this an error)", RuntimeWarning, stacklevel=3)
+
+
 # StarPU's own setting as the user's environment had it when nntile_torch was imported (init sets it each time).
 _USER_WORKERS_PER_CUDA = os.environ.get("STARPU_NWORKER_PER_CUDA")
 _env_before = {}  # the variables init set for StarPU and their values before it, put back by shutdown
@@ -212,7 +265,10 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     plan beyond GPU memory asks for 1 (its streaming was measured with one). Calling init again with the same
     arguments does nothing; with other arguments while running raises RuntimeError (call shutdown() first).
     """
-    global _current, _cuda_split, _host_limit
+    global _current, _cuda_split, _host_limit, _patch_checked
+    if not _patch_checked:  # once per process: the library does not change
+        _check_starpu_patch()
+        _patch_checked = True
     args = _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler,
                       cpu_tasks, places, max_submitted_tasks, streams_per_gpu)
     if _current is not None and _C.running():
@@ -293,6 +349,7 @@ def info():
     d["gpus"] = len(_C.cuda_memory_nodes())  # GPUs with CUDA workers (streams_per_gpu workers each)
     d["settings"] = dict(_current) if _current else None
     d["starpu_patch_settings"] = {k: v == "1" for k, v in _patch_settings.items()}
+    d["starpu_patch_level"] = starpu_patch_level()
     return d
 
 

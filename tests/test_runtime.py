@@ -642,3 +642,24 @@ def test_bad_patch_setting_raises():
     rc, out, err = run_python("import nntile_torch as nt\nnt.init(ncpus=1, ncuda=0)\n", 60,
                               env={"NNTILE_CUDA_POOL": "yes"})
     assert rc != 0 and "NNTILE_CUDA_POOL must be 0 (off) or a positive integer (on) (got 'yes')" in err, err[-2000:]
+
+
+def test_the_loaded_starpu_carries_the_projects_patch(monkeypatch):
+    """nntile relies on the patched StarPU (scripts/patch_starpu.py: dropping host copies, evicting won't-use tiles
+    first, the CUDA buffer pool, no device reset); a StarPU built without it lost them in silence. The patched build
+    exports its level, which nt.info() reports; one without it (level 0) warns at the first init, or raises with
+    NNTILE_REQUIRE_PATCHED_STARPU=1. The StarPU this project installs (scripts/install_starpu.sh) has it."""
+    from nntile_torch import runtime
+    level = runtime.starpu_patch_level()
+    if level is None:
+        pytest.skip("needs /proc/self/maps to find the loaded libstarpu")
+    assert level >= runtime.REQUIRED_STARPU_PATCH_LEVEL, (
+        f"the loaded StarPU ({runtime._loaded_starpu_path()}) has patch level {level}: rebuild it with "
+        "scripts/install_starpu.sh")
+    assert nt.info()["starpu_patch_level"] == level
+    with pytest.warns(RuntimeWarning, match=r"built without the patch; nntile_torch needs level \d+ .*install_starpu"):
+        runtime._check_starpu_patch(level=0)
+    monkeypatch.setenv("NNTILE_REQUIRE_PATCHED_STARPU", "1")
+    with pytest.raises(RuntimeError, match=r"built with patch level 0|without the patch.*an error, not a warning"):
+        runtime._check_starpu_patch(level=0)
+    runtime._check_starpu_patch(level=runtime.REQUIRED_STARPU_PATCH_LEVEL)  # nothing to say
