@@ -604,13 +604,25 @@ def test_nanogpt_example_trains_with_one_added_line(tmp_path):
     assert len(losses) >= 1 and all(math.isfinite(v) for v in losses) and abs(losses[0] - math.log(256)) < 1.0
 
 
-def test_hf_gpt2_example_trains_with_one_added_line():
+def test_hf_gpt2_example_trains_with_one_added_line(tmp_path):
+    """The example's losses, with its one line, are those of the same script without it (plain PyTorch: torch's
+    AdamW on the same padded batches), step after step; dropout off, as its random numbers differ."""
     script = REPO / "examples" / "hf_gpt2" / "train.py"
     assert [ln.split("#")[0].strip() for ln in _added_lines(script)] == ["model = nt.convert(model)"]
+    plain = tmp_path / "train.py"
+    text = script.read_text()
+    assert text.count("\nmodel = nt.convert(model)") == 1
+    plain.write_text(text.replace("\nmodel = nt.convert(model)", "\npass"))
+
+    def losses(path, attn):
+        out = _run_example(path, "--steps=4", "--layers=1", "--width=32", "--heads=2", "--batch=3", "--max-len=24",
+                           f"--attn={attn}", "--device=cpu", "--dropout=0", f"--data={script}")
+        return [float(ln.split("loss ")[1]) for ln in out.splitlines() if ln.startswith("step ")]
     for attn in ("sdpa", "eager"):
-        out = _run_example(script, "--steps=2", "--layers=1", "--width=32", "--heads=2", "--batch=3",
-                           "--max-len=24", f"--attn={attn}", "--device=cpu")
-        assert "step 1: loss" in out
+        ours, ref = losses(script, attn), losses(plain, attn)
+        assert len(ours) == len(ref) == 2 and abs(ref[0] - math.log(257)) < 0.5, (ours, ref)
+        assert abs(ref[1] - ref[0]) > 0.02, ref  # the steps change the loss: the comparison below says something
+        assert all(abs(a - b) <= 2e-4 for a, b in zip(ours, ref)), (attn, ours, ref)  # printed to 4 decimals
 
 
 def test_cuda_sources_count_torch_stream_syncs_apart(device):
