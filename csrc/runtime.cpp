@@ -370,15 +370,9 @@ void runtime_init(const RuntimeConfig &cfg) {
     // and aborts: the default here is to report and keep waiting.
     setenv("STARPU_WATCHDOG_TIMEOUT", "120000000", 0);
     setenv("STARPU_WATCHDOG_CRASH", "0", 0);
-    // The patched StarPU's eviction settings (scripts/patch_starpu.py), on unless the user sets them to 0: a host
-    // copy of a tile that another node holds too is freed when host RAM runs short (1.3.10 kept every host buffer
-    // until unregistration: host RAM filled with stale copies beyond the GPU's memory), and a tile marked won't-use
-    // (the memory plan's streamed weights, once used) is the first one evicted. Neither acts while memory suffices.
-    setenv("NNTILE_DROP_HOST_COPIES", "1", 0);
-    setenv("NNTILE_EVICT_WONT_USE_FIRST", "1", 0);
-    // GPU buffers from a stream-ordered pool that keeps freed memory (1.3.10 patched), not cudaMalloc / cudaFree: each
-    // cudaFree waits for the whole GPU, and StarPU's CUDA worker called one per evicted buffer (781 per 20B step).
-    setenv("NNTILE_CUDA_POOL", "1", 0);
+    // The patched StarPU's settings (NNTILE_DROP_HOST_COPIES, NNTILE_EVICT_WONT_USE_FIRST, NNTILE_CUDA_POOL) are
+    // decided by nntile_torch/runtime.py's init, which puts them into the environment before this runs: one place
+    // that Python code (AdamW) asks too.
     set_env_mib("STARPU_LIMIT_CUDA_MEM", cfg.cuda_memory_limit);
     set_env_mib("STARPU_LIMIT_CPU_MEM", cfg.host_memory_limit);
     set_submission_window(cfg.max_submitted_tasks);

@@ -219,6 +219,7 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
     if strict:
         report.check()  # before anything changes
     _check_meta(model, swaps, tile_plan, init)
+    _check_fits(model, swaps, tile_plan)
     meta_plan = any(p.is_meta for _, _, m, _, _ in swaps for p in m.parameters(recurse=False)) or any(
         p.is_meta for _, m, _ in tile_plan for p in m.parameters(recurse=False))
     home = _home_device(init_device) if meta_plan else None  # only meta modules need one
@@ -333,6 +334,37 @@ def _tile_parameters(m, c, swapped, init, home):
         swapped[id(p)] = t
         setattr(m, pname, t)
     m._register_state_dict_hook(_dense_state_dict)
+
+
+def _check_fits(model, swaps, tile_plan):
+    """Before anything changes: InsufficientMemoryError when the converted parameters (float32 tiles, ties once)
+    and the tiles already live cannot fit in every memory node together (the same check a new tile tensor meets,
+    which would otherwise fail midway, with a model half converted)."""
+    from . import _C, runtime
+    from .plan import InsufficientMemoryError, format_bytes
+    if runtime._host_limit is None:
+        return  # host RAM without a limit: the operating system decides
+    params = {id(p): p for _, _, m, _, _ in swaps for p in m.parameters(recurse=False)}
+    params.update({id(p): p for _, m, _ in tile_plan for p in m.parameters(recurse=False)})
+    need = sum(4 * p.numel() for p in params.values() if not isinstance(p, TileTensor))
+    live = _C.tile_bytes()
+    nodes = runtime.memory_nodes()
+    total = sum(n["total_bytes"] for n in nodes)
+    if need + live <= total:
+        return
+    short = need + live - total
+    settings = runtime.info().get("settings") or {}
+    disk = settings.get("disk_limit") or 0
+    raise InsufficientMemoryError(
+        f"convert(): the model's {sum(p.numel() for p in params.values()):,} parameters as float32 tiles take "
+        f"{format_bytes(need)}" + (f" beside {format_bytes(live)} of tiles already live" if live else "")
+        + f", more than every memory node holds together: {format_bytes(total)} (host limit "
+        f"{format_bytes(runtime._host_limit)}" + (f", disk node {format_bytes(disk)}" if disk else ", no disk node")
+        + "). Nothing was changed. What would make it fit: a host_memory_limit of at least "
+        f"{format_bytes(runtime._host_limit + short)} (nt.init), or a disk node (nt.init(disk_path=..., disk_limit=...)) "
+        f"of at least {format_bytes(disk + short)}; training needs more still (optimizer states, activations: "
+        "nt.plan(model, batch, seq) says how much)", missing={"host": short},
+        fixes=[{"host_memory": runtime._host_limit + short}, {"disk_limit": disk + short}])
 
 
 def _home_device(init_device):

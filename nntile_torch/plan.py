@@ -28,12 +28,15 @@ GiB = 2**30
 
 class InsufficientMemoryError(MemoryError):
     """The model, at this batch and sequence length, fits in no placement over the memory nodes. Raised by
-    nt.plan() before anything is allocated (the model and optimizer are untouched); .missing maps each memory
-    tier to the bytes it lacks in the closest placement."""
+    nt.plan() (and convert()) before anything is allocated (the model and optimizer are untouched); .missing maps each
+    memory tier to the bytes it lacks in the closest placement; .fixes lists what would make it fit."""
 
-    def __init__(self, message, missing=None):
+    def __init__(self, message, missing=None, fixes=None):
         super().__init__(message)
         self.missing = dict(missing or {})
+        # each a change of nt.plan's arguments (batch, state_dtype, checkpointing, master_dtype, precision,
+        # disk_limit / host_memory / gpu_memory in bytes) with which the plan was made again and fits
+        self.fixes = list(fixes or [])
 
 
 @dataclasses.dataclass
@@ -247,6 +250,7 @@ class MemoryPlan:
         self.times = times  # {"gpu_s", "pcie_s", "host_update_s", "disk_s", "step_s"}
         self.lookahead = lookahead
         self.alternatives = alternatives  # [(Option, step_s or None, reason)] the others considered
+        self.limits = {}  # nt.init's limits for the capacities given to nt.plan (init_kwargs, init)
 
     # -- what the plan decided -------------------------------------------------------------------------------
     @property
@@ -325,7 +329,9 @@ class MemoryPlan:
 
     # -- applying it -----------------------------------------------------------------------------------------
     def init_kwargs(self):
-        """nt.init's arguments for this plan (CPU workers for the host blocks' updates)."""
+        """nt.init's arguments for this plan: the memory limits given to nt.plan (cuda_memory_limit, host_memory_limit,
+        disk_limit), CPU workers for the host blocks' updates, one CUDA worker per GPU and a submission window beyond
+        GPU memory."""
         kw = {}
         from . import runtime
         # One worker per GPU beyond GPU memory (two measured 0.90x at 13B), unless the user's STARPU_NWORKER_PER_CUDA
@@ -336,13 +342,33 @@ class MemoryPlan:
             kw["ncpus"] = self.capacity.cpu_workers
         if self.submission_window:
             kw["max_submitted_tasks"] = self.submission_window
+        kw.update(self.limits)
         return kw
 
     def init(self, **overrides):
-        """Starts the runtime with the plan's settings (nt.init); a running runtime is left as it is."""
+        """Starts the runtime with the plan's settings (nt.init): the memory limits given to nt.plan (gpu_memory,
+        host_memory, disk_limit: a disk node needs disk_path=... here), the workers and the submission window;
+        `overrides` are nt.init's arguments and win. A running runtime is kept when it has the plan's limits; with
+        others, RuntimeError (the plan would count on memory StarPU does not have, or leave unused)."""
         from . import _C, runtime
+        kw = {**self.init_kwargs(), **overrides}
+        if kw.get("disk_limit") is not None and kw.get("disk_path") is None:
+            raise ValueError(f"the plan counts on a disk node of {format_bytes(kw['disk_limit'])} (disk_limit): pass "
+                             "its directory, plan.init(disk_path=...)")
         if not _C.running():
-            runtime.init(**{**self.init_kwargs(), **overrides})
+            runtime.init(**kw)
+            return
+        info = runtime.info()
+        split = info.get("cuda_memory_split") or {}
+        running = {"cuda_memory_limit": split.get("starpu_limit_bytes") if info.get("gpus") else None,
+                   "host_memory_limit": runtime._host_limit,
+                   "disk_limit": (info.get("settings") or {}).get("disk_limit")}
+        differ = {k: (running[k], runtime.parse_bytes(kw[k], k)) for k in running
+                  if kw.get(k) is not None and (k != "cuda_memory_limit" or info.get("gpus"))
+                  and running[k] != runtime.parse_bytes(kw[k], k)}
+        if differ:
+            raise RuntimeError("nntile_torch is running with other memory limits than the plan's (running vs plan: "
+                               f"{differ}); call nntile_torch.shutdown() before plan.init()")
 
     def adamw_kwargs(self, params):
         """AdamW's state dtype, in-backward updates, the parameters kept in host RAM and where they are updated
@@ -454,6 +480,14 @@ class MemoryPlan:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+
+def format_bytes(n):
+    """12.3 GiB, 40.0 MiB, 512 KiB: sizes as people read them, the small ones of tests and CPU runs included."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n / 2**10:.0f} KiB"
+
 
 def _count(n):
     """1.56B, 124.4M, 118.5K parameters."""
@@ -588,7 +622,8 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
 
 def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backward=None, checkpointing=None,
          host_blocks=None, host_update=None, cpu_update_blocks=None, master_dtype=None, bf16_per_use=None,
-         host_checkpoints=None, gpu_memory=None, host_memory=None, disk_limit=None, lookahead=2, rates=None):
+         host_checkpoints=None, gpu_memory=None, host_memory=None, disk_limit=None, lookahead=2, rates=None,
+         _facts=None, _cap=None, _explain_failure=True):
     """The memory plan for training `model` (a torch.nn.Module as built, on any device including meta, converted
     or not) on batches of `batch` sequences of `seq` tokens with nntile_torch.optim.AdamW.
 
@@ -607,8 +642,8 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     GPU is past its block and fetched back ahead of its recompute: host_checkpoints=True asks for it (the same
     values either way); the plan does not choose it by itself (it stalled in the one GPU run that needed it, 13B at
     batch 96 on the H200), but the error names it when it would make the model fit.
-    Raises InsufficientMemoryError, within milliseconds and before anything is allocated, when none fits, saying how
-    many bytes are missing where and what would make it fit."""
+    Raises InsufficientMemoryError, before anything is allocated, when none fits, saying how many bytes are missing
+    where and what would make it fit (each change it names checked by planning again with it: seconds at 30B)."""
     from .config import check_precision
     from .runtime import parse_bytes
     check_precision(precision)
@@ -635,15 +670,18 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     if cpu_update_blocks is not None and (isinstance(cpu_update_blocks, bool) or not isinstance(cpu_update_blocks, int)
                                           or cpu_update_blocks < 0):
         raise ValueError(f"cpu_update_blocks must be an int >= 0 (got {cpu_update_blocks!r})")
-    facts = model_facts(model)
-    cap = _machine_capacity(parse_bytes(disk_limit, "disk_limit"))
-    if gpu_memory is not None:
-        cap.gpu_bytes = parse_bytes(gpu_memory, "gpu_memory")
-        cap.gpus = max(cap.gpus, 1)
-    if host_memory is not None:
-        cap.host_bytes = parse_bytes(host_memory, "host_memory")
-    if disk_limit is not None:
-        cap.disk_bytes = parse_bytes(disk_limit, "disk_limit")
+    facts = _facts or model_facts(model)
+    if _cap is not None:  # the capacity of the plan being explained, with one change (_fixes)
+        cap = _cap
+    else:
+        cap = _machine_capacity(parse_bytes(disk_limit, "disk_limit"))
+        if gpu_memory is not None:
+            cap.gpu_bytes = parse_bytes(gpu_memory, "gpu_memory")
+            cap.gpus = max(cap.gpus, 1)
+        if host_memory is not None:
+            cap.host_bytes = parse_bytes(host_memory, "host_memory")
+        if disk_limit is not None:
+            cap.disk_bytes = parse_bytes(disk_limit, "disk_limit")
     if rates is None:
         rates = Rates() if cap.gpu_bytes else _cpu_rates()
     if host_blocks is not None and not (0 <= host_blocks <= facts.n_layer):
@@ -694,6 +732,8 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
                                 considered.append((opt, tiers, missing))
                                 if not missing:
                                     feasible.append((opt, tiers, traffic, times))
+                                    if not _explain_failure:  # a fix being checked: whether any fits is enough
+                                        return considered, feasible
         return considered, feasible
 
     bf16_possible = precision == "bf16" and state_dtype != torch.float32 and facts.n_layer
@@ -706,6 +746,10 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     if not considered:
         raise ValueError("no placement has the pinned choices (host_blocks, host_update, cpu_update_blocks): "
                          f"{host_blocks}, {host_update}, {cpu_update_blocks}")
+    if not _explain_failure:  # a fix being checked (_fixes): fits or not
+        if not feasible:
+            raise InsufficientMemoryError("no placement fits")
+        return None
     if not feasible:
         # Checkpoints in host RAM are not taken by default: the one run that needed them (13B at batch 96 on the
         # H200, benchmarks/results/h200/capacity_v1) stalled in its first step with the GPU full of freed
@@ -714,8 +758,26 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
         if host_checkpoints is None and cap.gpu_bytes and checkpointing is not False and facts.n_layer:
             masters = choices(master_dtype, [torch.float32] + ([torch.bfloat16] if bf16_possible else []))
             hc_fits = bool(search(masters, [True])[1])
-        raise InsufficientMemoryError(*_explain(facts, batch, seq, considered, cap,
-                                                bf16_possible and master_dtype is None, hc_fits))
+        pins = dict(state_dtype=state_dtype, step_in_backward=step_in_backward, checkpointing=checkpointing,
+                    host_blocks=host_blocks, host_update=host_update, cpu_update_blocks=cpu_update_blocks,
+                    master_dtype=master_dtype, bf16_per_use=bf16_per_use, host_checkpoints=host_checkpoints)
+
+        def fits(changes):
+            """Whether this plan, with `changes` (nt.plan's arguments; gpu_memory, host_memory, disk_limit in bytes)
+            made, has a placement that fits."""
+            kw = dict(pins, batch=batch, seq=seq, precision=precision, lookahead=lookahead, rates=rates)
+            kw.update({k: v for k, v in changes.items() if k not in _CAPACITY_ARGS})
+            tried = dataclasses.replace(cap, **{_CAPACITY_ARGS[k]: v for k, v in changes.items() if k in _CAPACITY_ARGS})
+            if tried.gpu_bytes:
+                tried.gpus = max(tried.gpus, 1)
+            try:
+                plan(model, _facts=facts, _cap=tried, _explain_failure=False, **kw)
+                return True
+            except (InsufficientMemoryError, ValueError):
+                return False
+        message, missing = _explain(facts, batch, seq, considered, cap, hc_fits)
+        fixes = _fixes(batch, precision, pins, cap, missing, fits)
+        raise InsufficientMemoryError(message + _say_fixes(fixes, hc_fits), missing, fixes)
 
     def slack(tiers):
         """The smaller free share of the GPU and host tiers: room for what the arithmetic does not see."""
@@ -735,37 +797,117 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     feasible.sort(key=key)
     best = feasible[0]
     alternatives = [(o, t["step_s"]) for o, _, _, t in feasible[1:6]]  # the next ones in that order
-    return MemoryPlan(facts, batch, seq, precision, best[0], cap, rates, best[1], best[2], best[3], lookahead,
+    made = MemoryPlan(facts, batch, seq, precision, best[0], cap, rates, best[1], best[2], best[3], lookahead,
                       alternatives, pinned_master=master_dtype is not None)
+    for arg, given, value in (("cuda_memory_limit", gpu_memory, cap.gpu_bytes),
+                              ("host_memory_limit", host_memory, cap.host_bytes),
+                              ("disk_limit", disk_limit, cap.disk_bytes)):
+        if given is not None:
+            made.limits[arg] = value
+    return made
 
 
-def _explain(facts, batch, seq, considered, cap, tried_bf16_masters=False, host_checkpoints_fit=False):
-    """The message and missing bytes of the option closest to fitting."""
+def _explain(facts, batch, seq, considered, cap, host_checkpoints_fit=False):
+    """The message (without what would make it fit: _fixes) and missing bytes of the option closest to fitting."""
     def shortfall(entry):
         return sum(entry[2].values())
     opt, tiers, missing = min(considered, key=shortfall)
-    parts = [f"{tier}: {b / GiB:.1f} GiB missing (needs {sum(tiers[tier].values()) / GiB:.1f} of "
-             f"{(cap.gpu_bytes if tier == 'gpu' else cap.host_bytes + cap.disk_bytes) / GiB:.1f})"
+    parts = [f"{tier}: {format_bytes(b)} missing (needs {format_bytes(sum(tiers[tier].values()))} of "
+             f"{format_bytes(cap.gpu_bytes if tier == 'gpu' else cap.host_bytes + cap.disk_bytes)})"
              for tier, b in missing.items()]
-    fixes = []
-    if batch > 1:
-        fixes.append(f"a smaller batch (activations: {tiers['gpu' if cap.gpu_bytes else 'host'].get('activations', 0) / GiB:.1f} GiB at {batch})")
-    if opt.state_dtype == torch.float32:
-        fixes.append("state_dtype=torch.bfloat16 (4 bytes per parameter less)")
-    if opt.master_dtype == torch.float32 and not tried_bf16_masters:
-        fixes.append("master_dtype=torch.bfloat16 (precision 'bf16': 4 bytes per matmul weight less)")
-    if not opt.checkpointing:
-        fixes.append("activation checkpointing")
-    if host_checkpoints_fit:
-        fixes.append("host_checkpoints=True (checkpointing's block inputs in host RAM; experimental: it stalled at "
-                     "13B batch 96 on the H200)")
-    if "host" in missing:
-        fixes.append(f"a disk node (nt.init(disk_path=..., disk_limit=...)) of at least "
-                     f"{(missing['host'] + cap.disk_bytes) / GiB:.0f} GiB, or a larger host_memory_limit")
+    def tier(b):
+        return format_bytes(b) if b else "none"
     msg = (f"{_count(facts.n_params)} parameters at batch {batch} x {seq} fit in no placement over GPU "
-           f"{cap.gpu_bytes / GiB:.1f} GiB, host {cap.host_bytes / GiB:.1f} GiB, disk {cap.disk_bytes / GiB:.1f} GiB. "
+           f"{tier(cap.gpu_bytes)}, host {tier(cap.host_bytes)}, disk {tier(cap.disk_bytes)}. "
            f"Closest (moments {str(opt.state_dtype).replace('torch.', '')}, master weights "
            f"{str(opt.master_dtype).replace('torch.', '')}, checkpointing "
            f"{'on' if opt.checkpointing else 'off'}, {opt.host_blocks} of {facts.n_layer} blocks in host RAM): "
-           + "; ".join(parts) + ". What would make it fit: " + ", or ".join(fixes or ["more memory"]) + ".")
+           + "; ".join(parts) + ".")
     return msg, missing
+
+
+# nt.plan's capacity arguments and the Capacity fields they set
+_CAPACITY_ARGS = {"gpu_memory": "gpu_bytes", "host_memory": "host_bytes", "disk_limit": "disk_bytes"}
+
+
+def _least_bytes(fits, arg, base, guess, step=2**20):
+    """The least value of capacity `arg`, above `base`, with which the plan fits (within 1/16 of what it adds, in
+    whole `step`s), or None; the search starts from base + guess (the closest placement's shortfall)."""
+    if not fits({arg: base + 2**50}):
+        return None  # another tier lacks memory too
+    hi = base + max(step, -(-guess // step) * step)
+    while not fits({arg: hi}):
+        hi = base + 2 * (hi - base)
+    lo = base
+    while hi - lo > max(step, (hi - base) // 16):
+        mid = (lo + hi) // 2 // step * step
+        if mid <= lo:
+            break
+        if fits({arg: mid}):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _fixes(batch, precision, pins, cap, missing, fits):
+    """What would make a plan that fits nowhere fit, each alone, each checked by planning again with it: a list of
+    nt.plan argument changes (InsufficientMemoryError.fixes)."""
+    fixes = []
+    if batch > 1 and fits({"batch": 1}):
+        lo, hi = 1, batch  # fits at lo, not at hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits({"batch": mid}) else (lo, mid)
+        fixes.append({"batch": lo})
+    # The choices nt.plan searched already cannot help unless pinned otherwise (or precision changes)
+    if pins["state_dtype"] == torch.float32 and fits({"state_dtype": torch.bfloat16}):
+        fixes.append({"state_dtype": torch.bfloat16})
+    for change in ({"checkpointing": True}, {"step_in_backward": True}):
+        key = next(iter(change))
+        if pins[key] is False and fits(change):
+            fixes.append(change)
+    if pins["master_dtype"] != torch.bfloat16:
+        change = {"master_dtype": torch.bfloat16, "state_dtype": torch.bfloat16}
+        if precision != "bf16":
+            change["precision"] = "bf16"
+        if fits(change):
+            fixes.append(change)
+    if "host" in missing:
+        for arg, base in (("disk_limit", cap.disk_bytes), ("host_memory", cap.host_bytes)):
+            least = _least_bytes(fits, arg, base, missing["host"])
+            if least is not None:
+                fixes.append({arg: least})
+    if "gpu" in missing and cap.gpu_bytes:
+        least = _least_bytes(fits, "gpu_memory", cap.gpu_bytes, missing["gpu"])
+        if least is not None:
+            fixes.append({"gpu_memory": least})
+    return fixes
+
+
+def _say_fixes(fixes, host_checkpoints_fit=False):
+    said = []
+    for f in fixes:
+        if "batch" in f:
+            said.append(f"batch {f['batch']} or less")
+        elif "disk_limit" in f:
+            said.append(f"a disk node of at least {format_bytes(f['disk_limit'])} (nt.init(disk_path=..., disk_limit=...))")
+        elif "host_memory" in f:
+            said.append(f"a host limit of at least {format_bytes(f['host_memory'])} (nt.init(host_memory_limit=...))")
+        elif "gpu_memory" in f:
+            said.append(f"a GPU limit of at least {format_bytes(f['gpu_memory'])}")
+        elif "master_dtype" in f:
+            said.append(("precision='bf16' with " if "precision" in f else "")
+                        + "master_dtype=torch.bfloat16 (bf16 master weights and moments: 8 bytes per matmul weight less)")
+        elif "state_dtype" in f:
+            said.append("state_dtype=torch.bfloat16 (bf16 moments: 4 bytes per parameter less)")
+        elif "checkpointing" in f:
+            said.append("checkpointing=True (activation checkpointing)")
+        elif "step_in_backward" in f:
+            said.append("step_in_backward=True (updates inside backward: not every gradient at once)")
+    if host_checkpoints_fit:
+        said.append("host_checkpoints=True (checkpointing's block inputs in host RAM; experimental: it stalled at "
+                    "13B batch 96 on the H200)")
+    if not said:
+        return " No single change of batch, pinned choice or memory tier makes it fit."
+    return " What would make it fit, each alone: " + ", or ".join(said) + "."

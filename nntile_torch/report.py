@@ -5,15 +5,23 @@ convert() records, per module, what it swapped, what it tiled in place and what 
 the model runs, any torch op that meets a TileTensor without a tile version (it materializes the tiles: a
 host wait and a dense tensor the memory plan does not know) is recorded against the innermost module of the
 model on the Python stack: strict=True raises there, naming module and op; the default warns once per kind of
-op, with the modules' names.
+op, with the modules' names. The backward pass runs from autograd's engine, with no module of the model on the
+stack: there an op is the model's when its graph task (one backward call) went through the model's outputs, and is
+recorded against "(backward)" with the autograd node that ran it (AddBackward0, ...).
 """
 import sys
 import warnings
 import weakref
 
+import torch
 from torch import nn
+from torch.utils._pytree import tree_flatten
 
 _owners = weakref.WeakKeyDictionary()  # module -> (report, its name in the converted model)
+# graph task id of a backward call -> the report of the converted model whose outputs it went through; the newest
+# few only (a graph task ends with its backward call, and its id is never reused)
+_backward_owners = {}
+_MAX_BACKWARD_OWNERS = 64
 
 
 class DenseFallbackError(RuntimeError):
@@ -65,6 +73,30 @@ def register(model, report):
     model._nntile_report = report
     for name, m in model.named_modules():
         _owners[m] = (report, name)
+    if not getattr(model, "_nntile_backward_marked", False):  # convert() of a converted model: one hook
+        model.register_forward_hook(_mark_backward)
+        model._nntile_backward_marked = True
+
+
+def _mark_backward(model, args, output):
+    """Hooks the converted model's outputs: the backward call that reaches them (their gradient is computed before
+    any of the model's own backward nodes runs) belongs to the model from there on."""
+    report = getattr(model, "_nntile_report", None)
+    if report is None or not torch.is_grad_enabled():
+        return
+    ref = weakref.ref(report)
+    for t in tree_flatten(output)[0]:
+        if isinstance(t, torch.Tensor) and t.requires_grad and t.grad_fn is not None:
+            t.register_hook(lambda grad, ref=ref: _enter_backward(ref))
+
+
+def _enter_backward(ref):
+    gid = torch._C._current_graph_task_id()
+    if gid < 0 or gid in _backward_owners:
+        return
+    while len(_backward_owners) >= _MAX_BACKWARD_OWNERS:
+        _backward_owners.pop(next(iter(_backward_owners)))
+    _backward_owners[gid] = ref
 
 
 def convert_report(model):
@@ -91,18 +123,36 @@ def _innermost_module():
     return None
 
 
+def _backward_owner():
+    """(report, autograd node name) when this runs inside the backward of a converted model, else None."""
+    if not _backward_owners:
+        return None
+    ref = _backward_owners.get(torch._C._current_graph_task_id())
+    report = ref() if ref is not None else None
+    if report is None:
+        return None
+    node = torch._C._current_autograd_node()
+    return report, (node.name() if node is not None else "autograd")
+
+
 def note_dense(op, why=None):
     """Records that `op` (an aten op or a description) ran as dense torch code on tiles, if inside a converted
     model; raises in strict mode, else warns once per kind of op."""
-    found = _innermost_module()
-    if found is None:
-        return  # outside any converted model: the caller reading values (loss.item(), printing a weight)
-    report, name, module = found
     kind = op if isinstance(op, str) else str(getattr(op, "__name__", op))
     what = kind if why is None else f"{kind} ({why})"
+    found = _innermost_module()
+    if found is not None:
+        report, name, module = found
+        where = f"{name or '(model)'} ({type(module).__name__})"
+    else:
+        found = _backward_owner()
+        if found is None:
+            return  # outside any converted model: the caller reading values (loss.item(), printing a weight)
+        report, node = found
+        name, what = "(backward)", f"{what} in {node}"
+        where = "the model's backward"
     key = (name, what)
     report.dense_ops[key] = report.dense_ops.get(key, 0) + 1
-    where = f"{name or '(model)'} ({type(module).__name__})"
     if report.strict:
         raise DenseFallbackError(f"nntile_torch.convert(strict=True): {what} would run as dense torch code on "
                                  f"materialized tiles in {where}")

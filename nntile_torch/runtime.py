@@ -129,6 +129,93 @@ def _cuda_usable(ncuda):
     return _C.built_with_cuda and ncuda != 0 and torch.cuda.is_available()
 
 
+# The patched StarPU's settings (scripts/patch_starpu.py), on unless the user's environment sets them to 0: a host
+# copy of a tile that another node holds too is freed when host RAM runs short (1.3.10 kept every host buffer until
+# unregistration: host RAM filled with stale copies beyond the GPU's memory); a tile marked won't-use (the memory
+# plan's streamed weights, AdamW's updated moments) is the first one evicted; GPU buffers come from a stream-ordered
+# pool that keeps freed memory instead of cudaMalloc / cudaFree (each cudaFree waits for the whole GPU: 781 per 20B
+# step). Neither eviction setting acts while memory suffices. Decided here, at the first init, and put into the
+# environment StarPU reads them from: the patched StarPU reads each once per process, so they hold until the process
+# ends, and nntile's own code (AdamW's won't-use marking) asks patch_setting(), never the environment.
+PATCH_SETTINGS = ("NNTILE_DROP_HOST_COPIES", "NNTILE_EVICT_WONT_USE_FIRST", "NNTILE_CUDA_POOL")
+_patch_settings = {}  # name -> "0" or "1", fixed at the first init
+
+
+def _decide_patch_settings():
+    if _patch_settings:
+        return dict(_patch_settings)
+    chosen = {}
+    for name in PATCH_SETTINGS:
+        value = os.environ.get(name, "1").strip()
+        if not value.lstrip("-").isdigit():
+            raise ValueError(f"{name} must be 0 (off) or a positive integer (on) (got {value!r})")
+        chosen[name] = "1" if int(value) > 0 else "0"
+    return chosen
+
+
+def patch_setting(name):
+    """Whether the patched StarPU's setting `name` (PATCH_SETTINGS) is on in this process: the value the first init
+    chose from the environment (default on), which StarPU read then and keeps until the process ends."""
+    if name not in PATCH_SETTINGS:
+        raise ValueError(f"patch_setting: name must be one of {', '.join(PATCH_SETTINGS)} (got {name!r})")
+    ensure_init()
+    return _patch_settings[name] == "1"
+
+
+# The level of scripts/patch_starpu.py nntile_torch needs (its PATCH_LEVEL when the patch last changed).
+REQUIRED_STARPU_PATCH_LEVEL = 2
+_patch_checked = False
+
+
+def _loaded_starpu_path():
+    """The file of the libstarpu this process loaded (through _C), from /proc/self/maps; None where there is none."""
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                fields = line.split(None, 5)  # address, perms, offset, device, inode, path (absent: anonymous)
+                if len(fields) == 6 and re.search(r"/libstarpu-[0-9.]+\.so", fields[5]):
+                    return fields[5].strip()
+    except OSError:
+        pass
+    return None
+
+
+def starpu_patch_level():
+    """The level of the project's StarPU patch (scripts/patch_starpu.py) in the StarPU this process loaded: 0 for a
+    StarPU built without it (a distribution's, one's own), None where it cannot be read (no /proc)."""
+    import ctypes
+    path = _loaded_starpu_path()
+    if path is None:
+        return None
+    lib = ctypes.CDLL(path)  # loaded already: the same library, not a second copy
+    try:
+        fn = lib.starpu_nntile_patch_level
+    except AttributeError:
+        return 0
+    fn.restype = ctypes.c_int
+    return int(fn())
+
+
+def _check_starpu_patch(level=None):
+    """Warns (NNTILE_REQUIRE_PATCHED_STARPU=1: raises) when the loaded StarPU lacks the patch this code relies on."""
+    if level is None:
+        level = starpu_patch_level()
+    if level is None or level >= REQUIRED_STARPU_PATCH_LEVEL:
+        return
+    found = "without the patch" if level == 0 else f"with patch level {level}"
+    msg = (f"nntile_torch: the StarPU loaded ({_loaded_starpu_path() or 'libstarpu'}) was built {found}; nntile_torch "
+           f"needs level {REQUIRED_STARPU_PATCH_LEVEL} of scripts/patch_starpu.py. Without it: host copies of tiles are "
+           "never dropped and won't-use tiles are not evicted first (models beyond GPU memory fill host RAM and can "
+           "stall), GPU buffers come from cudaMalloc / cudaFree (each free waits for the whole GPU), and torch's GPU "
+           "memory can be lost to a device reset at StarPU's first start, and a CUDA worker can abort the process while it "
+           "calibrates a performance model (a negative task time). Build it with scripts/install_starpu.sh "
+           "(STARPU_PREFIX=... for a prefix of your own) and rebuild nntile_torch against it.")
+    if os.environ.get("NNTILE_REQUIRE_PATCHED_STARPU", "0") not in ("", "0"):
+        raise RuntimeError(msg + " (NNTILE_REQUIRE_PATCHED_STARPU is set: an error, not a warning)")
+    import warnings
+    warnings.warn(msg + " (NNTILE_REQUIRE_PATCHED_STARPU=1 makes this an error)", RuntimeWarning, stacklevel=3)
+
+
 # StarPU's own setting as the user's environment had it when nntile_torch was imported (init sets it each time).
 _USER_WORKERS_PER_CUDA = os.environ.get("STARPU_NWORKER_PER_CUDA")
 _env_before = {}  # the variables init set for StarPU and their values before it, put back by shutdown
@@ -179,7 +266,10 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     plan beyond GPU memory asks for 1 (its streaming was measured with one). Calling init again with the same
     arguments does nothing; with other arguments while running raises RuntimeError (call shutdown() first).
     """
-    global _current, _cuda_split, _host_limit
+    global _current, _cuda_split, _host_limit, _patch_checked
+    if not _patch_checked:  # once per process: the library does not change
+        _check_starpu_patch()
+        _patch_checked = True
     args = _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler,
                       cpu_tasks, places, max_submitted_tasks, streams_per_gpu)
     if _current is not None and _C.running():
@@ -205,7 +295,10 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     host_limit = args["host_memory_limit"]
     if host_limit is None and cuda:
         host_limit = default_host_memory_limit()
+    patch = _decide_patch_settings()
     _host_limit = host_limit
+    _env_before.update({k: os.environ.get(k) for k in patch if k not in _env_before})
+    os.environ.update(patch)
     if cuda:  # read by starpu_init; the user's values come back at shutdown, as the C++ runtime's own settings do
         _, env = streams_per_gpu_setting(args["streams_per_gpu"])
         _env_before.update({k: os.environ.get(k) for k in env if k not in _env_before})
@@ -214,6 +307,7 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
             host_limit or -1, args["disk_path"] or "", args["disk_limit"] or -1, sched,
             -1 if cpu_tasks is None else int(cpu_tasks), -1 if places is None else places,
             -1 if max_submitted_tasks is None else max_submitted_tasks)
+    _patch_settings.update(patch)
     _current = requested
 
 
@@ -255,6 +349,8 @@ def info():
     d["places"] = _C.places()  # worker id of each place; empty when tasks are not pinned
     d["gpus"] = len(_C.cuda_memory_nodes())  # GPUs with CUDA workers (streams_per_gpu workers each)
     d["settings"] = dict(_current) if _current else None
+    d["starpu_patch_settings"] = {k: v == "1" for k, v in _patch_settings.items()}
+    d["starpu_patch_level"] = starpu_patch_level()
     return d
 
 

@@ -282,6 +282,34 @@ def _add_(self, other, alpha=1):
     return self
 
 
+def _mul_scalar(self, other):
+    # A tensor times a Python number: autograd's backward of add(..., alpha=a) and of x * a, a loss scaled by
+    # 1 / accumulation steps. One task per tile, dst = other * src.
+    if not isinstance(self, TileTensor) or not plain(self) or not fp32_tiles(self) \
+            or isinstance(other, bool) or not isinstance(other, (int, float)):
+        return NotImplemented
+    t = self._tiles
+    new = _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, "", False)
+    _C.add(float(other), t, 0.0, new)
+    return _like(self, new)
+
+
+def _mul(self, other):
+    # x * 3 in Python code reaches here as mul.Tensor with the number itself, or as a 0-d CPU tensor (reading it
+    # is no wait)
+    if isinstance(self, TileTensor) and not isinstance(other, TileTensor):
+        x, s = self, other
+    elif isinstance(other, TileTensor) and not isinstance(self, TileTensor):
+        x, s = other, self
+    else:
+        return NotImplemented
+    if isinstance(s, torch.Tensor):
+        if s.dim() != 0 or s.device.type != "cpu" or s.requires_grad or s.dtype.is_complex or s.dtype == torch.bool:
+            return NotImplemented
+        s = s.item()
+    return _mul_scalar(x, s)
+
+
 def _block_operand(big, small):
     """The (r, C) tiles of `small` when it broadcasts over `big`'s leading dimensions in a way add_blocks and
     sum_blocks cover (big's row tiles hold whole blocks of r rows, same column tiles); else None."""
@@ -485,6 +513,8 @@ _HANDLERS = {
     aten.alias.default: _detach,
     aten.add_.Tensor: _add_,
     aten.add.Tensor: _add,
+    aten.mul.Scalar: _mul_scalar,
+    aten.mul.Tensor: _mul,
     aten.copy_.default: _copy_,
     aten._to_copy.default: _to_copy,
     aten.clone.default: _clone,

@@ -23,7 +23,7 @@ nvcc_bin=$(command -v nvcc || true)
 want_cuda=no; [ -n "$nvcc_bin" ] && want_cuda=yes
 
 # What the build was made with; a prefix built otherwise (or by an older version of this script) is rebuilt.
-build_id="cuda=$want_cuda maxcpus=128 maxcudadev=8 v7"  # v3: host memory size; v4: eviction settings; v5: GPU buffer pool; v6: no device reset; v7: no abort on a negative task time (scripts/patch_starpu.py)
+build_id="cuda=$want_cuda maxcpus=128 maxcudadev=8 v8"  # v3: host memory size; v4: eviction settings; v5: GPU buffer pool; v6: no device reset; v7: patch level marker; v8: no abort on a negative task time, patch level 2 (scripts/patch_starpu.py)
 [ "$release" != 1.3.10 ] && build_id="starpu=$release $build_id"
 stamp="$prefix/.nntile_build"
 if [ -f "$stamp" ] && grep -qx "$build_id" "$stamp" && [ -f "$prefix/lib/pkgconfig/starpu-$series.pc" ]; then
@@ -93,7 +93,14 @@ cd "$src"
   --disable-socl --disable-starpufft --disable-mpi --disable-glpk --disable-starpurm --disable-static \
   --disable-hdf5 --disable-leveldb ${STARPU_CONFIGURE_EXTRA:-} >configure.log 2>&1 || { tail -40 configure.log; exit 1; }
 make -j"${STARPU_JOBS:-$(nproc)}" >make.log 2>&1 || { grep -B2 -A8 -m5 -e 'error:' -e 'Error [0-9]' make.log; exit 1; }
-$install_as rm -rf "$prefix" && $install_as mkdir -p "$prefix"
-$install_as make install >install.log 2>&1 || { tail -20 install.log; exit 1; }
-echo "$build_id" | $install_as tee "$stamp" >/dev/null
+# Installed beside the prefix, then renamed into place: processes building against the prefix or starting meanwhile
+# see the old StarPU or the new one, never a prefix half removed (running ones keep the library they mapped).
+stage="$(dirname "$prefix")/.stage-$(basename "$prefix")-$$"
+$install_as rm -rf "$stage" && $install_as mkdir -p "$stage"
+$install_as make install DESTDIR="$stage" >install.log 2>&1 || { tail -20 install.log; $install_as rm -rf "$stage"; exit 1; }
+echo "$build_id" | $install_as tee "$stage$prefix/.nntile_build" >/dev/null
+$install_as rm -rf "$prefix.old"
+[ -e "$prefix" ] && $install_as mv "$prefix" "$prefix.old"
+$install_as mv "$stage$prefix" "$prefix"
+$install_as rm -rf "$prefix.old" "$stage"
 echo "StarPU installed in $prefix ($build_id)"

@@ -28,6 +28,10 @@
    the GPU's primary context, which torch shares, so a process whose torch had already put tensors on the GPU found
    them gone ("an illegal memory access was encountered" at its next CUDA call). Freeing the measuring buffers, as
    StarPU does before the reset, is all the measurement needs.
+6. a marker, int starpu_nntile_patch_level(void), returning PATCH_LEVEL: nntile_torch reads it from the StarPU it
+   loaded (runtime.starpu_patch_level) and warns when the patch is missing or older than it needs, instead of
+   silently losing 3. and 4. with a StarPU built elsewhere. Bump PATCH_LEVEL, nntile_torch's
+   runtime.REQUIRED_STARPU_PATCH_LEVEL and install_starpu.sh's build id together whenever the patch changes.
 7. no abort when a task's measured time is negative (driver_common.c asserts measured >= 0): a CUDA worker running
    tasks asynchronously can take one task's end against a later task's start while it calibrates a performance
    model, and the whole process died ("Assertion `0 && \"measured >= 0\"' failed" on a CUDA worker, seen on the H200
@@ -37,6 +41,7 @@ Idempotent: an already patched tree is left as it is."""
 import pathlib
 import sys
 
+PATCH_LEVEL = 2  # what starpu_nntile_patch_level() returns (6. above); 2: with 7.
 root = pathlib.Path(sys.argv[1])
 # "1.3" or "1.4": where the two differ, memalloc.c's per-node lists moved into struct _starpu_node (1.4)
 series = next(line.split("=", 1)[1].strip() for line in (root / "STARPU-VERSION").read_text().splitlines()
@@ -214,6 +219,15 @@ patch("src/drivers/cuda/driver_cuda.c", [
      "\t{\n\t\tnntile_cuda_pool_free(devid, addr); /* nntile_torch */\n\t\treturn;\n\t}\n"
      "\terr = cudaFree((void*)addr);\n"),
 ])
+# 6. The marker: in memalloc.c, beside the eviction settings (compiled in every build). Named starpu_* so that it is
+# exported like StarPU's own API.
+marker_before = "/* nntile_torch: eviction settings (scripts/patch_starpu.py) */\n"
+patch("src/datawizard/memalloc.c", [(
+    marker_before,
+    "/* nntile_torch: the level of scripts/patch_starpu.py this StarPU was built with (read by nntile_torch) */\n"
+    "int starpu_nntile_patch_level(void);\n"
+    f"int starpu_nntile_patch_level(void) {{ return {PATCH_LEVEL}; }}\n" + marker_before,
+)])
 bus = root / "src/core/perfmodel/perfmodel_bus.c"
 reset = "#if CUDART_VERSION >= 4000\n\tcudaDeviceReset();\n#else\n\tcudaThreadExit();\n#endif\n"
 if series == "1.3" or reset in bus.read_text():
@@ -230,4 +244,4 @@ if negative in common.read_text():
         "\t\t\t * task's start: not a measurement, so neither the model nor the profile takes it */\n"
         "\t\t\tcalibrate_model = 0;\n\t\t\tprofiling = 0;\n\t\t}\n")])
 print(f"patched StarPU {series} sources (CUDA 13, host memory size, eviction settings, GPU buffer pool, "
-      "no device reset, no abort on a negative task time)")
+      f"no device reset, no abort on a negative task time, patch level {PATCH_LEVEL})")

@@ -401,6 +401,65 @@ def test_runtime_dense_op_raises_in_strict_mode_and_warns_once_otherwise(device)
         nt.convert_report(ref)
 
 
+class _ScaledSum(nn.Module):
+    """Two converted Linears added with alpha: the backward scales a gradient by alpha (aten.mul.Scalar)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.c(torch.add(self.a(x), self.b(x), alpha=0.5) * 3)
+
+
+def test_tensor_times_number_runs_as_tiles_forward_and_backward(device):
+    torch.manual_seed(0)
+    ref = _ScaledSum().to(device)
+    ours = nt.convert(copy.deepcopy(ref), strict=True)
+    x = torch.randn(5, 8, device=device)
+    waits = nt.stats()["blocking_waits"]
+    y = ours(x)
+    (y * y).sum().backward()  # the loss's own ops are the caller's, outside the model
+    r = ref(x)
+    (r * r).sum().backward()
+    assert nt.convert_report(ours).dense_ops == {}
+    assert torch.allclose(dense(y), r, rtol=1e-6, atol=1e-6)
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):  # sums in another order: float32's rounding
+        assert torch.allclose(dense(p.grad), q.grad, rtol=1e-5, atol=1e-5), name
+    assert nt.stats()["blocking_waits"] > waits  # the check reads values: the count moves when waits happen
+
+
+def test_dense_op_in_the_backward_is_counted_warned_and_raised_in_strict_mode(device, monkeypatch):
+    # Without its tile version, AddBackward0's aten.mul.Scalar runs on materialized tiles inside the backward,
+    # where no module of the model is on the Python stack.
+    from nntile_torch import tensor
+    monkeypatch.delitem(tensor._HANDLERS, torch.ops.aten.mul.Scalar)
+    torch.manual_seed(0)
+    ref = _ScaledSum().to(device)
+    x = torch.randn(5, 8, device=device)
+    strict = nt.convert(copy.deepcopy(ref), strict=True)
+    y = strict(x)  # the forward's * 3 is aten.mul.Tensor: tiled
+    with pytest.raises(nt.DenseFallbackError, match=r"mul\.Scalar in AddBackward0 .* backward"):
+        (y * y).sum().backward()
+    ours = nt.convert(copy.deepcopy(ref))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = ours(x)
+        (y * y).sum().backward()
+    assert any("mul.Scalar" in str(w.message) for w in caught)
+    ops = nt.convert_report(ours).dense_ops
+    assert [(m, op) for m, op in ops] == [("(backward)", "mul.Scalar in AddBackward0")]
+    r = ref(x)
+    (r * r).sum().backward()
+    for (name, p), q in zip(ours.named_parameters(), ref.parameters()):
+        assert torch.allclose(dense(p.grad), q.grad, rtol=1e-5, atol=1e-5), name
+    # A backward that never goes through a converted model's outputs is nobody's: not recorded
+    before = dict(ops)
+    t = nt.TileTensor.from_dense(torch.randn(4, 4, device=device), [4, 4]).requires_grad_()
+    (t * 2.0).sum().backward()
+    assert nt.convert_report(ours).dense_ops == before
+
+
 def test_cross_entropy_with_nanogpt_ignore_index(device):
     """ignore_index=-1 (nanoGPT's) on tiled logits: tile tasks, the same loss and gradient as torch's."""
     lin = nn.Linear(16, 30, bias=False).to(device)
@@ -545,13 +604,25 @@ def test_nanogpt_example_trains_with_one_added_line(tmp_path):
     assert len(losses) >= 1 and all(math.isfinite(v) for v in losses) and abs(losses[0] - math.log(256)) < 1.0
 
 
-def test_hf_gpt2_example_trains_with_one_added_line():
+def test_hf_gpt2_example_trains_with_one_added_line(tmp_path):
+    """The example's losses, with its one line, are those of the same script without it (plain PyTorch: torch's
+    AdamW on the same padded batches), step after step; dropout off, as its random numbers differ."""
     script = REPO / "examples" / "hf_gpt2" / "train.py"
     assert [ln.split("#")[0].strip() for ln in _added_lines(script)] == ["model = nt.convert(model)"]
+    plain = tmp_path / "train.py"
+    text = script.read_text()
+    assert text.count("\nmodel = nt.convert(model)") == 1
+    plain.write_text(text.replace("\nmodel = nt.convert(model)", "\npass"))
+
+    def losses(path, attn):
+        out = _run_example(path, "--steps=4", "--layers=1", "--width=32", "--heads=2", "--batch=3", "--max-len=24",
+                           f"--attn={attn}", "--device=cpu", "--dropout=0", f"--data={script}")
+        return [float(ln.split("loss ")[1]) for ln in out.splitlines() if ln.startswith("step ")]
     for attn in ("sdpa", "eager"):
-        out = _run_example(script, "--steps=2", "--layers=1", "--width=32", "--heads=2", "--batch=3",
-                           "--max-len=24", f"--attn={attn}", "--device=cpu")
-        assert "step 1: loss" in out
+        ours, ref = losses(script, attn), losses(plain, attn)
+        assert len(ours) == len(ref) == 2 and abs(ref[0] - math.log(257)) < 0.5, (ours, ref)
+        assert abs(ref[1] - ref[0]) > 0.02, ref  # the steps change the loss: the comparison below says something
+        assert all(abs(a - b) <= 2e-4 for a, b in zip(ours, ref)), (attn, ours, ref)  # printed to 4 decimals
 
 
 def test_cuda_sources_count_torch_stream_syncs_apart(device):

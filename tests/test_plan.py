@@ -253,12 +253,96 @@ def test_infeasible_model_raises_before_anything_and_says_what_would_fit():
         nt.plan(model, batch=16, seq=1024, gpu_memory="40GiB", host_memory="60GiB")
     assert time.monotonic() - t0 < 60
     msg = str(e.value)
-    assert "missing" in msg and "disk node" in msg and "smaller batch" in msg, msg
+    assert "missing" in msg and "What would make it fit" in msg, msg
     assert e.value.missing and all(b > 0 for b in e.value.missing.values())
+    assert e.value.fixes == [{"gpu_memory": e.value.fixes[0]["gpu_memory"]}]  # nothing else alone would do
+    nt.plan(model, batch=16, seq=1024, gpu_memory=e.value.fixes[0]["gpu_memory"], host_memory="60GiB")
     assert all(p.is_meta for p in model.parameters()) and nt.stats()["tasks_submitted"] == tasks
     # the same model fits with a disk node large enough, or pinned to bf16 moments it needs less
     fits = nt.plan(model, batch=1, seq=1024, gpu_memory="40GiB", host_memory="60GiB", disk_limit="400GiB")
     assert fits.tiers["disk"] and fits.traffic["disk"] > 0
+
+
+@pytest.mark.parametrize("precision,pins", [("fp32", {}), ("bf16", {}), ("bf16", {"state_dtype": torch.float32}),
+                                            ("fp32", {"checkpointing": False, "step_in_backward": False})],
+                         ids=["fp32", "bf16", "bf16-fp32-moments", "fp32-pinned"])
+def test_what_would_make_it_fit_is_checked_by_planning_again(monkeypatch, precision, pins):
+    """Each change the error names makes the plan fit when made alone (.fixes); at precision fp32 it suggested
+    master_dtype=torch.bfloat16, which the plan rejects there, and "a disk node of at least 0 GiB"."""
+    import importlib
+    plan_mod = importlib.import_module("nntile_torch.plan")
+    host = 40 * 2**20
+    monkeypatch.setattr(plan_mod, "_machine_capacity", lambda disk=None: plan_mod.Capacity(0, host, disk or 0, 0, 2))
+    model = gpt2(n_layer=2)
+    with pytest.raises(nt.InsufficientMemoryError) as e:
+        nt.plan(model, batch=8, seq=64, precision=precision, **pins)
+    msg = str(e.value)
+    assert e.value.fixes and " 0 GiB" not in msg and " 0 KiB" not in msg, msg
+    assert ("master_dtype" in msg) == (precision == "bf16" and any("master_dtype" in f for f in e.value.fixes)), msg
+    assert any("disk_limit" in f for f in e.value.fixes) and any("host_memory" in f for f in e.value.fixes)
+    for fix in e.value.fixes:
+        kw = dict(pins, precision=precision, batch=8)
+        if fix.get("master_dtype") is not None:
+            kw.pop("state_dtype", None)
+        kw.update(fix)
+        nt.plan(model, seq=64, **kw)  # fits
+        for arg in ("disk_limit", "host_memory"):  # and the least that does, within 1/16 of what it adds
+            if arg in fix:
+                less = fix[arg] - max(2**20, (fix[arg] - (0 if arg == "disk_limit" else host)) // 8)
+                with pytest.raises(nt.InsufficientMemoryError):
+                    nt.plan(model, seq=64, **dict(kw, **{arg: less}))
+
+
+def test_convert_of_a_model_that_fits_nowhere_raises_the_named_error_and_changes_nothing():
+    """convert() under a host limit its parameters cannot fit in raises InsufficientMemoryError (as nt.plan does),
+    before any module is swapped, with sizes that would make it fit; it raised a RuntimeError from the first tile
+    tensor that did not fit, with the model half converted."""
+    from conftest import run_python
+    code = (
+        "import torch, nntile_torch as nt\n"
+        "nt.init(ncpus=1, ncuda=0, host_memory_limit='16MiB')\n"
+        "model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(8)])  # 32 MiB of float32\n"
+        "try:\n"
+        "    nt.convert(model)\n"
+        "except nt.InsufficientMemoryError as e:\n"
+        "    print('refused', e.missing['host'], all(type(m) is torch.nn.Linear for m in model), nt.stats()['tile_bytes'])\n"
+        "    print(e)\n"
+        "nt.shutdown(); nt.init(ncpus=1, ncuda=0, host_memory_limit='40MiB')\n"
+        "nt.convert(model); print('fits', nt.stats()['tile_bytes'])\n")
+    rc, out, err = run_python(code, 120, what="convert under a 16 MiB host limit")
+    assert rc == 0, err[-3000:]
+    assert f"refused {16 * 2**20 + 8 * 4 * 1024} True 0" in out, out  # 32 MiB + biases - 16 MiB; nothing swapped
+    assert "host_memory_limit of at least 32.0 MiB" in out and "disk node" in out and "of at least 16.0 MiB" in out, out
+    assert f"fits {8 * 4 * (1024 * 1024 + 1024)}" in out, out
+
+
+def test_plan_init_applies_the_capacities_given_to_the_plan(tmp_path):
+    """plan.init() starts the runtime with the limits the plan was made for (host_memory -> host_memory_limit,
+    disk_limit -> a disk node, whose directory plan.init needs); it left the host limit unset. A runtime running
+    with other limits is refused rather than trained under a plan that counts on memory it does not have."""
+    from conftest import run_python
+    code = (
+        "import torch, nntile_torch as nt\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(64, 64))\n"
+        "plan = nt.plan(model, batch=2, seq=8, precision='fp32', host_memory='1GiB', disk_limit='64MiB')\n"
+        "try:\n"
+        "    plan.init()\n"
+        "except ValueError as e:\n"
+        "    print('needs', e)\n"
+        f"plan.init(disk_path={str(tmp_path)!r})\n"
+        "i = nt.info()\n"
+        "print('limits', i['host_memory_limit_bytes'], i['settings']['disk_limit'], nt.memory_nodes()[0]['total_bytes'])\n"
+        "plan.init(disk_path='ignored: running with these limits already')\n"
+        "other = nt.plan(model, batch=2, seq=8, precision='fp32', host_memory='2GiB')\n"
+        "try:\n"
+        "    other.init()\n"
+        "except RuntimeError as e:\n"
+        "    print('refused', e)\n")
+    rc, out, err = run_python(code, 120, what="plan.init")
+    assert rc == 0, err[-3000:]
+    assert "needs the plan counts on a disk node of 64.0 MiB (disk_limit): pass its directory" in out, out
+    assert f"limits {2**30} {64 * 2**20} {2**30}" in out, out
+    assert "refused nntile_torch is running with other memory limits" in out and "'host_memory_limit'" in out, out
 
 
 def test_plan_rejects_bad_arguments():
@@ -296,13 +380,14 @@ def _train(model, opt, steps=3, device="cpu"):
 
 
 @pytest.mark.parametrize("where", ["cpu", "gpu", "mixed"])
-def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, where):
+def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, where, monkeypatch):
     """A plan with its last two blocks in host RAM (on a CPU-only machine the weights are "streamed" to host RAM,
     memory node 0, which runs the same prefetch, won't-use, fetch and throttle calls; on a GPU to the GPU):
     checkpointing, updates inside backward and host updates (by CPU workers, on the GPU with the state fetched ahead
     and written back, or the last block by CPU workers and the other on the GPU) give exactly the losses and weights
     of the same choices made by hand, without the hooks. With GPU updates every such parameter's weight, moments and
-    bf16 copy are back in host RAM after each step."""
+    bf16 copy are sent back to host RAM after each update (on a GPU: found valid there; on the CPU, where host RAM is
+    the only node and residency says nothing, the write-back requests are counted)."""
     import warnings
     plan = nt.plan(gpt2(n_layer=4), batch=4, seq=37, precision="bf16", gpu_memory="1GiB", host_blocks=2,
                    checkpointing=True, state_dtype=torch.bfloat16, host_update=where)
@@ -338,7 +423,16 @@ def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, 
         opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-3, step_in_backward=True, state_dtype=torch.bfloat16,
                                offload=[p for n, p in twin.named_parameters() if n in host], offload_update=split)
     assert opt_t.offload_update == where
+    written_back = []  # tiles asked back to host RAM (node 0), in order
+    prefetch = nt._C.TileTensor.prefetch
+
+    def spy(tiles, node):
+        if node == 0:
+            written_back.append(tiles)
+        return prefetch(tiles, node)
+    monkeypatch.setattr(nt._C.TileTensor, "prefetch", spy)
     assert _train(ours, opt, device=device) == _train(twin, opt_t, device=device)
+    monkeypatch.undo()
     # the GPU updates' state was fetched ahead in the backward of steps 2 and 3 (master weight and two moments)
     per_step = 3 * len(on_gpu) * (1 if device == "cpu" else len(nt._C.cuda_memory_nodes()))
     assert nt.streamer(ours).state_fetches == 2 * per_step
@@ -350,6 +444,9 @@ def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, 
             assert list(nt.param_state(a).update_state()) == tiles[:3]  # what the streaming fetches
             if a.dim() == 2:
                 tiles.append(nt.param_state(a).bf16_copy[1])
+            for t in tiles:  # each asked back once per step (the bf16 copy is new each step: the last one's)
+                times = sum(x is t for x in written_back)
+                assert times == (1 if t is tiles[-1] and a.dim() == 2 else 3), (n, t.name, times)
             for t in tiles:  # the write-back is an asynchronous acquisition: a moment after the tasks
                 deadline = time.monotonic() + 10
                 while not all(0 in nodes for nodes in t.valid_nodes()) and time.monotonic() < deadline:

@@ -603,3 +603,63 @@ def test_streams_per_gpu_default_environment_and_errors():
     for bad in (0, -1, True, 1.5, "2"):
         with pytest.raises(ValueError, match="streams_per_gpu must be a positive int"):
             nt.init(streams_per_gpu=bad)
+
+
+_PATCH_SETTINGS_SCRIPT = """
+import ctypes, os, torch, nntile_torch as nt
+nt.init(ncpus=1, ncuda=0)
+libc = ctypes.CDLL(None)
+libc.getenv.restype = ctypes.c_char_p
+seen = {k: (libc.getenv(k.encode()) or b"").decode() for k in nt.runtime.PATCH_SETTINGS}  # what StarPU read
+w = nt.nn.Linear(8, 8, tile_size=8)
+opt = nt.optim.AdamW(w.parameters())
+print("evict", seen["NNTILE_EVICT_WONT_USE_FIRST"], int(opt._evict_first),
+      int(nt.info()["starpu_patch_settings"]["NNTILE_EVICT_WONT_USE_FIRST"]))
+nt.shutdown()
+print("after", os.environ.get("NNTILE_EVICT_WONT_USE_FIRST"))
+"""
+
+
+@pytest.mark.parametrize("user", [None, "0", "1"], ids=["env=unset", "env=0", "env=1"])
+def test_adamw_eviction_marking_follows_what_starpu_was_told(user):
+    """StarPU (patched) reads NNTILE_EVICT_WONT_USE_FIRST from the C environment; AdamW marks its updated tiles by the
+    same setting (the runtime's choice, default on). AdamW read os.environ, which does not see a default set with C's
+    setenv: it had the marking off while StarPU had it on."""
+    from conftest import run_python
+    env = {k: v for k, v in os.environ.items() if k != "NNTILE_EVICT_WONT_USE_FIRST"}
+    if user is not None:
+        env["NNTILE_EVICT_WONT_USE_FIRST"] = user
+    code = "import os; os.environ.pop('NNTILE_EVICT_WONT_USE_FIRST', None)\n" if user is None else ""
+    rc, out, err = run_python(code + _PATCH_SETTINGS_SCRIPT, 120, env=env, what="the settings script")
+    assert rc == 0, err[-2000:]
+    want = "0" if user == "0" else "1"
+    assert f"evict {want} {want} {want}" in out, out
+    assert f"after {user}" in out, out  # the user's environment back after shutdown
+
+
+def test_bad_patch_setting_raises():
+    from conftest import run_python
+    rc, out, err = run_python("import nntile_torch as nt\nnt.init(ncpus=1, ncuda=0)\n", 60,
+                              env={"NNTILE_CUDA_POOL": "yes"})
+    assert rc != 0 and "NNTILE_CUDA_POOL must be 0 (off) or a positive integer (on) (got 'yes')" in err, err[-2000:]
+
+
+def test_the_loaded_starpu_carries_the_projects_patch(monkeypatch):
+    """nntile relies on the patched StarPU (scripts/patch_starpu.py: dropping host copies, evicting won't-use tiles
+    first, the CUDA buffer pool, no device reset); a StarPU built without it lost them in silence. The patched build
+    exports its level, which nt.info() reports; one without it (level 0) warns at the first init, or raises with
+    NNTILE_REQUIRE_PATCHED_STARPU=1. The StarPU this project installs (scripts/install_starpu.sh) has it."""
+    from nntile_torch import runtime
+    level = runtime.starpu_patch_level()
+    if level is None:
+        pytest.skip("needs /proc/self/maps to find the loaded libstarpu")
+    assert level >= runtime.REQUIRED_STARPU_PATCH_LEVEL, (
+        f"the loaded StarPU ({runtime._loaded_starpu_path()}) has patch level {level}: rebuild it with "
+        "scripts/install_starpu.sh")
+    assert nt.info()["starpu_patch_level"] == level
+    with pytest.warns(RuntimeWarning, match=r"built without the patch; nntile_torch needs level \d+ .*install_starpu"):
+        runtime._check_starpu_patch(level=0)
+    monkeypatch.setenv("NNTILE_REQUIRE_PATCHED_STARPU", "1")
+    with pytest.raises(RuntimeError, match=r"built with patch level 0|without the patch.*an error, not a warning"):
+        runtime._check_starpu_patch(level=0)
+    runtime._check_starpu_patch(level=runtime.REQUIRED_STARPU_PATCH_LEVEL)  # nothing to say

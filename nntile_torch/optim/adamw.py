@@ -1,10 +1,9 @@
 """nntile_torch.optim.AdamW: torch.optim.AdamW's semantics, the update as one task per parameter tile."""
 import torch
 
-import os
 import warnings
 
-from .. import _C
+from .. import _C, runtime
 from ..functional import tiles_of
 from ..param import param_state
 from ..runtime import info
@@ -24,14 +23,14 @@ def _same(given, chosen):
 
 
 def _evict_updated_first():
-    """NNTILE_EVICT_WONT_USE_FIRST=1 (read when the optimizer is built, and by the patched StarPU too,
-    scripts/patch_starpu.py): after each update the moments, and the fp32 weight of a weight with a bf16 copy
+    """NNTILE_EVICT_WONT_USE_FIRST (default on; the patched StarPU's setting, scripts/patch_starpu.py, as the runtime
+    chose it: runtime.patch_setting): after each update the moments, and the fp32 weight of a weight with a bf16 copy
     (that copy is then made right away instead of in the next forward), are marked "won't use", which puts them
     first in their node's eviction order. A training step updates them in the same order every step, so the ones
     updated last are needed last: evicting them first moves only the overflow of a model larger than the GPU,
     where least-recently-used eviction misses on every tile. Experimental (docs/DESIGN.md, "Beyond GPU memory");
     no effect on values."""
-    return os.environ.get("NNTILE_EVICT_WONT_USE_FIRST", "0") == "1"
+    return runtime.patch_setting("NNTILE_EVICT_WONT_USE_FIRST")
 
 
 def _tiles_like(param, value, dtype=torch.float32, name="", persistent=False):
