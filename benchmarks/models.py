@@ -107,7 +107,8 @@ def module_init(model, net):
             net._init_weights(m)  # Linear and Embedding; its LayerNorm starts at 1 and 0 (convert sets them)
             if id(m) in scaled:
                 torch.nn.init.normal_(m.weight, mean=0.0, std=std)
-            m.to("cpu")
+            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):  # swapped; a LayerNorm keeps its home device
+                m.to("cpu")
         return init
     scaled = {id(m.c_proj) for m in net.modules() if type(m).__name__ in ("GPT2Attention", "GPT2MLP")}
     std = net.config.initializer_range / math.sqrt(2 * net.config.n_layer)
@@ -118,6 +119,17 @@ def module_init(model, net):
             m.weight.normal_(0.0, std)
         m.to("cpu")
     return init
+
+
+def describe(model, net):
+    """What the records say of the model as built: its class, attention and activation."""
+    if model == "nanogpt":
+        attention = "F.scaled_dot_product_attention" if net.transformer.h[0].attn.flash else "written out"
+        return {"family": model, "class": "examples/nanogpt/model.py GPT", "attention": attention,
+                "activation": "nn.GELU()"}
+    cfg = net.config
+    return {"family": model, "class": type(net).__name__, "attention": getattr(cfg, "_attn_implementation", None),
+            "activation": cfg.activation_function}
 
 
 def user_optimizer(model, net, lr, weight_decay, fused):

@@ -93,9 +93,13 @@ def build_model(spec, device):
     torch.manual_seed(spec["seed"])
     with torch.device(device):
         model = models.build(family(spec), spec["config"], spec["seq"])
+    BUILT.update(models.describe(family(spec), model))
     if "ckpt" in spec["flags"]:
         models.enable_checkpointing(model)
     return model
+
+
+BUILT = {}  # what build_model() built, for the record
 
 
 def init_device(spec, cuda):
@@ -492,6 +496,7 @@ def setup_deepspeed(spec, cuda, rank, world):
         torch.manual_seed(spec["seed"])
         with deepspeed.zero.Init(config_dict_or_path=config, remote_device=target["device"] if offload else None):
             model = models.build(family(spec), spec["config"], spec["seq"])
+        BUILT.update(models.describe(family(spec), model))
         for m in model.modules():
             ps = list(m.parameters(recurse=False))
             if ps:
@@ -664,6 +669,8 @@ def run_attempt(spec, rank, world):
         phases = env.pop("_phases", None)  # nntile: per step, ms until forward, backward and step were submitted
         convert_report = env.pop("_convert_report", None)  # nntile: what convert() made of the model, dense ops seen
         res["env"].update(env)
+        if BUILT:
+            res["env"]["model"] = dict(BUILT)
         res["gpus"] = gpus
         res["setup_s"] = time.perf_counter() - t0
         tiles = ""  # nntile: one copy of every live tile (what the out-of-memory check counts)
