@@ -151,7 +151,8 @@ def peers_table(groups):
             timed = waits[r.get("warmup_used", r.get("warmup", 0)):] if waits else None
             ratio = f"{r['tokens_per_s'] / top:.2f}x" if top else "-"
             lines.append(f"| {m} | {config} {precision} | {gpus} | {batch} x {seq} | {r['backend']} | {name} | "
-                         f"{numerics_text(r)} | {_tokens(r)} | {_f(r, 'step_s', '.3f')} | {_f(r, 'compile_s', '.0f')} | "
+                         f"{numerics_text(r)} | {_tokens(r)} | {_f(r, 'step_s', '.3f')} | "
+                         f"{_f(r, 'compile_s', '.0f')} | "
                          f"{max(timed) if timed else '-'} | {ratio} |")
     return "\n".join(lines)
 

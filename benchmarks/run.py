@@ -25,6 +25,8 @@ Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:
              bf16master: the plan with bf16 master weights; statefetch: the plan with the early state fetch;
              keptcopies: the plan with the GPU blocks' bf16 weight copies kept between steps (not made per use);
              hostckpt: the plan with checkpointing's block inputs homed in host RAM (nt.plan(host_checkpoints=True));
+             fp32state: the plan held to the peers' numerics, fp32 moments and master weights (a like-for-like row
+             beside a plan that picks bf16 ones);
              useropt: the converted model trained by torch.optim.AdamW and clip_grad_norm_ as torch's useropt (the
              plan, if any, limited to fp32 master weights and moments on the GPU, updates in step())
   fsdp       FSDP1 FULL_SHARD per block; variants plain, offload (CPUOffload(offload_params=True)), ckpt, compile
@@ -91,10 +93,11 @@ VARIANTS = {
     # the plan, with its host blocks' updates pinned to CPU workers / the GPU; bf16master: the plan with the blocks'
     # matmul weights kept in bf16 alone; statefetch: the plan with the early fetch of the GPU updates' state;
     # keptcopies: the plan with nt.plan(bf16_per_use=False); hostckpt: with nt.plan(host_checkpoints=True)
+    # fp32state: the plan with nt.plan(state_dtype=torch.float32, master_dtype=torch.float32), the peers' numerics
     # useropt: torch.optim.AdamW and clip_grad_norm_ on the converted model instead of nt.optim.AdamW (with the
     # plan: one limited to what that optimizer runs, fp32 state on the GPU)
     "nntile": ({"ckpt", "stepbwd", "bf16state", "offload", "noplan", "cpuupdate", "gpuupdate", "bf16master",
-                "statefetch", "keptcopies", "hostckpt", "useropt"}, ""),
+                "statefetch", "keptcopies", "hostckpt", "useropt", "fp32state"}, ""),
     "fsdp": ({"offload", "ckpt", "compile", "useropt"}, ""),
     "fsdp2": ({"offload", "ckpt", "compile", "useropt"}, ""),
     "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),
@@ -120,11 +123,13 @@ def canonical_variant(backend, text):
     pins = flags & {"cpuupdate", "gpuupdate"} if backend == "nntile" else set()
     if pins and len(pins) > 1:
         raise ValueError("nntile variants cpuupdate and gpuupdate pin the plan's host updates: one of them")
-    planned = flags & {"cpuupdate", "gpuupdate", "bf16master", "statefetch", "keptcopies", "hostckpt"} \
+    planned = flags & {"cpuupdate", "gpuupdate", "bf16master", "statefetch", "keptcopies", "hostckpt", "fp32state"} \
         if backend == "nntile" else set()
     if planned and flags & MANUAL_NNTILE_FLAGS:
         raise ValueError(f"nntile variants {sorted(planned)} change the memory plan: not with the flags that turn the "
                          f"plan off ({sorted(MANUAL_NNTILE_FLAGS)})")
+    if backend == "nntile" and {"fp32state", "bf16master"} <= flags:
+        raise ValueError("nntile variants fp32state and bf16master pin the master weights' dtype: one of them")
     if backend == "nntile" and "useropt" in flags:
         ours = flags & {"stepbwd", "bf16state", "offload", "cpuupdate", "gpuupdate", "bf16master", "statefetch"}
         if ours:
@@ -375,7 +380,8 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
     world = 1 if (cpu_only or a["backend"] not in DISTRIBUTED) else ngpus
     with tempfile.TemporaryDirectory(prefix="bench_") as tmp:
         spec = {"backend": a["backend"], "flags": [f for f in a["variant"].split("+") if f != "plain"],
-                "model": model, "config": a["config"], "precision": a["precision"], "batch": args.batch, "seq": args.seq,
+                "model": model, "config": a["config"], "precision": a["precision"], "batch": args.batch,
+                "seq": args.seq,
                 "steps": args.steps, "warmup": args.warmup, "seed": args.seed, "data_pool": args.data_pool,
                 "max_warmup": args.max_warmup if a["mode"] == "throughput" else args.warmup,
                 "lr": args.lr, "weight_decay": 0.01, "params": params, "cpu": cpu_only,
@@ -445,7 +451,8 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
         worst = bad[0] if bad else first
         rec.update(status=worst["status"], reason=worst["reason"])
         for k in ("step_s", "step_mean_s", "step_times", "gc_ms", "warmup_used", "losses", "loss", "setup_s", "env",
-                  "timeline", "dispatch", "phase_ms", "step_traces", "first_step_s", "compile_s", "host_waits", "tasks"):
+                  "timeline", "dispatch", "phase_ms", "step_traces", "first_step_s", "compile_s", "host_waits",
+                  "tasks"):
             if k in first:
                 rec[k] = first[k]
         rec["numerics"] = (first.get("env") or {}).get("numerics")

@@ -1,7 +1,8 @@
 """One benchmark attempt, in its own process (launched by benchmarks.run; torchrun launches it once per GPU for
 fsdp, fsdp2 and deepspeed). Trains a GPT-2 config of one model family (benchmarks/models.py) for warm-up + timed
-steps on synthetic, deterministic batches and writes <result>.rank<R>.json: status ("ok", "oom", "error", "unavailable"), reason, per-step times and
-losses, peak memory and the environment. Derived metrics (tokens/s, TFLOP/s, MFU) are computed by the harness.
+steps on synthetic, deterministic batches and writes <result>.rank<R>.json: status ("ok", "oom", "error",
+"unavailable"), reason, per-step times and losses, peak memory and the environment. Derived metrics (tokens/s,
+TFLOP/s, MFU) are computed by the harness.
 
     python -m benchmarks.worker --spec attempt.json        # the spec is written by benchmarks.run
     python -m benchmarks.worker --probe out.json           # GPUs, versions, measured matmul peaks
@@ -237,13 +238,14 @@ def setup_nntile(spec, cuda, rank, world):
     if not set(spec["flags"]) & MANUAL_NNTILE_FLAGS:
         with torch.device("meta"):
             shape_only = models.build(family(spec), spec["config"], spec["seq"])
-        pins = dict(state_dtype=torch.float32, step_in_backward=False, host_blocks=0) if useropt else {}
+        pins = dict(state_dtype=torch.float32, step_in_backward=False, host_blocks=0) if useropt else \
+            dict(state_dtype=torch.float32) if "fp32state" in spec["flags"] else {}
         plan = nt.plan(shape_only, spec["batch"], spec["seq"], spec["precision"], **pins,
                        gpu_memory=o["cuda_memory_limit"] if cuda else None, host_memory=o["host_memory_limit"],
                        disk_limit=o["disk_limit"] if o["disk_path"] else None,
                        host_update="cpu" if "cpuupdate" in spec["flags"] else "gpu" if "gpuupdate" in spec["flags"]
                        else None, master_dtype=torch.bfloat16 if "bf16master" in spec["flags"] else
-                       torch.float32 if useropt else None,
+                       torch.float32 if useropt or "fp32state" in spec["flags"] else None,
                        bf16_per_use=False if "keptcopies" in spec["flags"] else None,
                        host_checkpoints=True if "hostckpt" in spec["flags"] else None)
         print(plan, flush=True)
@@ -382,7 +384,8 @@ def setup_fsdp(spec, cuda, rank, world):
            "mixed_precision": "param bf16, reduce fp32" if bf16 else None,
            "optimizer": opt_name + (" (on the CPU when offloaded)" if offload else ""), "numerics": numerics(spec)}
     if "compile" in spec["flags"]:
-        env["compile"] = {"what": "torch.compile(FSDP(model, use_orig_params=True))", "inductor_cache": inductor_cache()}
+        env["compile"] = {"what": "torch.compile(FSDP(model, use_orig_params=True))",
+                          "inductor_cache": inductor_cache()}
     return step, sync, env, world if cuda else 0, device
 
 

@@ -18,9 +18,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A fixed warm-up (--max-warmup 1): the attempts' losses are compared step by step.
 TINY = ["--config", "tiny", "--precision", "tf32", "--batch", "4", "--seq", "32", "--steps", "2", "--warmup", "1",
         "--max-warmup", "1", "--cpu", "--timeout", "150"]
-FIELDS = ("machine", "backend", "variant", "model", "config", "params", "layers", "hidden", "precision", "gpus", "batch", "seq",
-          "mode", "status", "reason", "tokens_per_s", "tflops", "mfu", "step_s", "peak_gpu_bytes", "peak_host_bytes",
-          "loss", "losses", "numerics")
+FIELDS = ("machine", "backend", "variant", "model", "config", "params", "layers", "hidden", "precision", "gpus",
+          "batch", "seq", "mode", "status", "reason", "tokens_per_s", "tflops", "mfu", "step_s", "peak_gpu_bytes",
+          "peak_host_bytes", "loss", "losses", "numerics")
 
 
 def harness(*args, cwd, timeout=400, **env_vars):
@@ -110,8 +110,8 @@ def families(tmp_path_factory):
     """hf-tanh and nanogpt (hf is the bench fixture's) on torch and nntile, with the harness's optimizer and with
     the script's own (useropt)."""
     out = tmp_path_factory.mktemp("families")
-    harness("benchmarks.run", "--model", "hf-tanh,nanogpt", "--backend", "torch,torch:useropt,nntile,nntile:useropt",
-            *TINY, "--out", str(out), cwd=out)
+    harness("benchmarks.run", "--model", "hf-tanh,nanogpt", "--backend",
+            "torch,torch:useropt,nntile,nntile:useropt,nntile:fp32state", *TINY, "--out", str(out), cwd=out)
     recs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     return {(r["model"], r["backend"], r["variant"]): r for r in recs}
 
@@ -120,16 +120,19 @@ def families(tmp_path_factory):
 def test_each_model_family_trains_the_same_on_torch_and_nntile(families, model):
     from benchmarks.configs import model_vocab
     runs = {k[1:]: r for k, r in families.items() if k[0] == model}
-    assert set(runs) == {("torch", "plain"), ("torch", "useropt"), ("nntile", "plain"), ("nntile", "useropt")}
+    assert set(runs) == {("torch", "plain"), ("torch", "useropt"), ("nntile", "plain"), ("nntile", "useropt"),
+                         ("nntile", "fp32state")}
     for (b, v), r in runs.items():
         assert r["status"] == "ok", f"{model} {b}:{v}: {r['reason']}"
         assert r["params"] == param_count("tiny", 32, model) == r["env"]["params_counted"]
         assert r["vocab"] == model_vocab("tiny", model) == 256  # nanoGPT pads to a multiple of 64: 256 stays
         assert len(r["losses"]) == 3 and 4.5 < r["losses"][0] < 6.5
         assert r["numerics"]["master"] == r["numerics"]["moments"] == "fp32"
-    for v in ("plain", "useropt"):  # same weights, ids and optimizer: the same loss at every step, fp32 on the CPU
-        t, n = runs["torch", v], runs["nntile", v]
-        assert max(abs(a - b) for a, b in zip(t["losses"], n["losses"])) <= 1e-4, (v, t["losses"], n["losses"])
+    for v, w in (("plain", "plain"), ("useropt", "useropt"), ("plain", "fp32state")):
+        t, n = runs["torch", v], runs["nntile", w]  # same weights, ids and optimizer: the same losses (fp32, CPU)
+        assert max(abs(a - b) for a, b in zip(t["losses"], n["losses"])) <= 1e-4, (w, t["losses"], n["losses"])
+    assert runs["nntile", "fp32state"]["env"]["plan"]["state_dtype"] == "float32"
+    assert runs["nntile", "fp32state"]["numerics"]["by"] == "the memory plan"
     # useropt is another optimizer (nanoGPT's groups and betas, clipping): the same first loss, then others
     assert runs["torch", "useropt"]["losses"][0] == pytest.approx(runs["torch", "plain"]["losses"][0], abs=1e-6)
     assert abs(runs["torch", "useropt"]["losses"][2] - runs["torch", "plain"]["losses"][2]) > 1e-6
@@ -181,7 +184,8 @@ def test_compile_variants_run_and_time_their_compile_apart(tmp_path):
     the CPU (inductor's C++ backend): the same losses as eager torch, the compile time recorded as compile_s beside
     the step time, its kernels in TORCHINDUCTOR_CACHE_DIR."""
     cache = tmp_path / "inductor"
-    harness("benchmarks.run", "--model", "nanogpt", "--backend", "torch,torch:compile,fsdp2:compile,fsdp:compile+useropt",
+    harness("benchmarks.run", "--model", "nanogpt", "--backend",
+            "torch,torch:compile,fsdp2:compile,fsdp:compile+useropt",
             *TINY, "--timeout", "400", "--out", str(tmp_path), cwd=tmp_path, timeout=1500,
             TORCHINDUCTOR_CACHE_DIR=str(cache))
     recs = {(r["backend"], r["variant"]): r for r in
@@ -320,11 +324,13 @@ def test_report_sets_nntile_beside_each_peers_fastest_variant_with_numerics():
     fp32 = {"matmul": "bf16", "master": "fp32", "moments": "fp32"}
 
     def row(backend, variant, tokens, model="hf", **kw):
-        return dict(base, backend=backend, variant=variant, model=model, tokens_per_s=tokens, **{"numerics": fp32, **kw})
+        return dict(base, backend=backend, variant=variant, model=model, tokens_per_s=tokens,
+                    **{"numerics": fp32, **kw})
     rows = [row("nntile", "plain", 28000.0, numerics=dict(fp32, by="the memory plan"), host_waits=[9, 9, 1, 1, 2]),
             row("torch", "plain", 23000.0), row("torch", "compile", 38900.0, compile_s=95.2),
             row("fsdp2", "plain", 25000.0), row("fsdp2", "compile", 24000.0),
-            row("nntile", "useropt", 9900.0, model="nanogpt"), row("torch", "compile+useropt", 42900.0, model="nanogpt"),
+            row("nntile", "useropt", 9900.0, model="nanogpt"),
+            row("torch", "compile+useropt", 42900.0, model="nanogpt"),
             row("fsdp", "plain", 20000.0, model="hf-tanh"),  # no nntile row: no group
             row("deepspeed", "offload", 1.0, status="error")]
     groups = peers(rows)
@@ -382,6 +388,11 @@ def test_backend_and_variant_parsing():
         parse_backends("nntile:useropt+bf16state", None)  # moments of nt.optim.AdamW's
     with pytest.raises(ValueError, match="no variant flag"):
         parse_backends("nntile:compile", None)
+    assert parse_backends("nntile:fp32state", None) == [("nntile", "fp32state")]  # the plan held to fp32 numerics
+    with pytest.raises(ValueError, match="one of them"):
+        parse_backends("nntile:fp32state+bf16master", None)
+    with pytest.raises(ValueError, match="change the memory plan"):
+        parse_backends("nntile:fp32state+bf16state", None)
     with pytest.raises(ValueError, match="no variant flag"):
         parse_backends("deepspeed:compile", None)
     assert machine_name("NVIDIA H200") == "h200" and machine_name("NVIDIA H100 80GB HBM3") == "h100"
