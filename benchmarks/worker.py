@@ -13,7 +13,6 @@ import gc
 import gzip
 import importlib
 import json
-import math
 import os
 import platform
 import resource
