@@ -2,6 +2,7 @@
 
 Every config is a Hugging Face GPT2Config with tied embeddings (LM head = token embedding) and no dropout;
 n_positions is max(1024, seq) (the tiny one: max(32, seq)), so the parameter count depends on seq only past that.
+The nanoGPT-shaped family (benchmarks/models.py) has the same shapes with the vocab padded to a multiple of 64.
 """
 from dataclasses import dataclass
 
@@ -52,12 +53,19 @@ def positions(name, seq):
     return max(CONFIGS[name].positions, seq)
 
 
-def param_count(name, seq):
-    """Exact parameter count of GPT2LMHeadModel for this config (tied LM head): token and position embeddings,
-    per block 12h^2 + 13h (qkv, attention out, MLP in/out with biases, two LayerNorms), final LayerNorm."""
+def model_vocab(name, model="hf"):
+    """The vocab of a config in a model family: nanoGPT pads GPT-2's 50257 up to a multiple of 64 (50304)."""
+    v = CONFIGS[name].vocab
+    return -(-v // 64) * 64 if model == "nanogpt" else v
+
+
+def param_count(name, seq, model="hf"):
+    """Exact parameter count of the model for this config (tied LM head): token and position embeddings,
+    per block 12h^2 + 13h (qkv, attention out, MLP in/out with biases, two LayerNorms), final LayerNorm. The same
+    for every family (benchmarks/models.py) but the vocab (model_vocab)."""
     s = CONFIGS[name]
     h = s.hidden
-    return s.vocab * h + positions(name, seq) * h + s.layers * (12 * h * h + 13 * h) + 2 * h
+    return model_vocab(name, model) * h + positions(name, seq) * h + s.layers * (12 * h * h + 13 * h) + 2 * h
 
 
 def flops_per_token(params, layers, hidden, seq):
@@ -66,14 +74,16 @@ def flops_per_token(params, layers, hidden, seq):
     return 6 * params + 12 * layers * hidden * seq
 
 
-def hf_config(name, seq):
-    """The transformers.GPT2Config for a named shape (imports transformers)."""
+def hf_config(name, seq, model="hf"):
+    """The transformers.GPT2Config for a named shape (imports transformers); model "hf-tanh": with
+    activation_function="gelu_pytorch_tanh" instead of GPT-2's default gelu_new (the same function)."""
     import transformers
     s = CONFIGS[name]
+    extra = {"activation_function": "gelu_pytorch_tanh"} if model == "hf-tanh" else {}
     return transformers.GPT2Config(n_layer=s.layers, n_embd=s.hidden, n_head=s.heads, vocab_size=s.vocab,
                                    n_positions=positions(name, seq), resid_pdrop=0.0, embd_pdrop=0.0,
                                    attn_pdrop=0.0, tie_word_embeddings=True, use_cache=False,
-                                   bos_token_id=0, eos_token_id=0)
+                                   bos_token_id=0, eos_token_id=0, **extra)
 
 
 def by_size(names, seq):

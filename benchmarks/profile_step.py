@@ -3,6 +3,7 @@ thread) against the time until they have all run, and for one step under torch.p
 time, count, top kernels by total time), so the gap between wall time and kernel time is visible.
 
     python -m benchmarks.profile_step --config xl --batch 8 --seq 1024 [--batch-tile-size 8192] [--ncpus 1]
+    python -m benchmarks.profile_step --model nanogpt --config xl      # a model family of benchmarks/models.py
 
 Prints a summary and writes it as JSON (--out). StarPU's own worker and bus statistics are printed at exit when
 STARPU_WORKER_STATS=1 / STARPU_BUS_STATS=1 are set (StarPU reads them at init).
@@ -14,12 +15,14 @@ import time
 
 import torch
 
-from benchmarks.configs import CONFIGS, hf_config
+from benchmarks import models
+from benchmarks.configs import CONFIGS
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="xl", choices=sorted(CONFIGS))
+    ap.add_argument("--model", default="hf", choices=models.MODELS, help="model family (default hf)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16"])
@@ -32,24 +35,23 @@ def main():
     ap.add_argument("--out", help="JSON summary")
     args = ap.parse_args()
 
-    import transformers
     import nntile_torch as nt
     cuda = torch.cuda.is_available()
     out = {"args": vars(args)}
     t = time.perf_counter()
     nt.init(ncpus=args.ncpus, scheduler=args.scheduler)
     out["init_s"] = time.perf_counter() - t
-    cfg = hf_config(args.config, args.seq)
+    shape = CONFIGS[args.config]
     torch.manual_seed(0)
     dev = "cuda" if cuda else "cpu"
     t = time.perf_counter()
     with torch.device(dev):
-        model = transformers.GPT2LMHeadModel(cfg)
+        model = models.build(args.model, args.config, args.seq)
     if cuda:
         torch.cuda.synchronize()
     out["build_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    tile = args.tile_size or max(1024, 3 * cfg.n_embd)
+    tile = args.tile_size or max(1024, 3 * shape.hidden)
     rows = args.batch_tile_size or nt.config.rows_per_tile(args.batch, args.seq, cuda, nt.runtime.num_places())
     model = nt.convert(model, precision=args.precision, tile_size=tile, batch_tile_size=rows)
     nt.synchronize()
@@ -59,11 +61,11 @@ def main():
     t = time.perf_counter()
     opt = nt.optim.AdamW(model.parameters(), lr=1e-4)
     out["optimizer_s"] = time.perf_counter() - t
-    ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq)).to(dev)
+    ids = torch.randint(0, shape.vocab, (args.batch, args.seq)).to(dev)
 
     def step():
         opt.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = models.loss(args.model, model, ids)
         loss.backward()
         opt.step()
         return loss

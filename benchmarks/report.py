@@ -1,6 +1,8 @@
 """Tables and plots from the harness's results.jsonl: <dir>/results.md, throughput.png (tokens/s and TFLOP/s
 against model size, one line per backend), capacity.png (largest config completed, per backend) and loss.png
-(nntile and torch losses on the same batches), all written headless.
+(nntile and torch losses on the same batches), all written headless. results.md's first table sets nntile beside
+each peer's fastest variant on the same model family, config, batch and GPUs, with every row's numerics (master
+weights' and AdamW moments' dtypes: where nntile's plan picks bf16 ones, the row says so).
 
     python -m benchmarks.report benchmarks/results/h200
 
@@ -22,15 +24,20 @@ def load(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
+def model(r):
+    """The record's model family (records from before --model: Hugging Face's GPT-2, the only one then)."""
+    return r.get("model") or "hf"
+
+
 def latest(records, mode):
-    """The last record per (backend, variant and settings, config, precision, batch, seq, gpus) of that mode; the
+    """The last record per (backend, variant and settings, model, config, precision, batch, seq, gpus) of that mode; the
     runs of one `benchmarks.run --repeat N` count as one record: the median run's, with `runs` (every ok run's
     tokens/s, sorted) and `runs_failed` added."""
     out, series = {}, {}
     for r in records:
         if r.get("mode") != mode:
             continue
-        key = (r["backend"], variant(r), r["config"], r["precision"], r["batch"], r["seq"], r["gpus"])
+        key = (r["backend"], variant(r), model(r), r["config"], r["precision"], r["batch"], r["seq"], r["gpus"])
         if r.get("series") is not None:
             series.setdefault((key, r["series"]), []).append(r)
             out[key] = (key, r["series"])
@@ -63,8 +70,41 @@ def variant(r):
 
 def label(r):
     gpus = r.get("gpus") or 0
-    return (f"{r['backend']}" + ("" if variant(r) == "plain" else f":{variant(r)}") + f" {r['precision']}"
+    return (("" if model(r) == "hf" else f"{model(r)} ") + f"{r['backend']}"
+            + ("" if variant(r) == "plain" else f":{variant(r)}") + f" {r['precision']}"
             + (f", {gpus} GPUs" if gpus > 1 else ""))
+
+
+def _short(dtype):
+    return {"float32": "fp32", "bfloat16": "bf16"}.get(dtype, dtype)
+
+
+def numerics(r):
+    """{"master", "moments", "by"} of a record: its own `numerics`, or for records from before it was kept, what
+    its variant and plan say (nntile's bf16state, the plan's summary); the peers kept fp32 master weights and
+    moments throughout."""
+    n = r.get("numerics")
+    if n:
+        return n
+    flags = r["variant"].split("+")
+    if r["backend"] != "nntile":
+        return {"master": "fp32", "moments": "fp32"}
+    plan = (r.get("env") or {}).get("plan")
+    if plan:
+        master = _short(plan.get("master_dtype", "float32"))
+        return {"master": "fp32" if master == "fp32" else "bf16 (blocks' matmul weights)",
+                "moments": _short(plan.get("state_dtype", "float32")), "by": "the memory plan"}
+    return {"master": "fp32", "moments": "bf16" if "bf16state" in flags else "fp32"}
+
+
+def numerics_text(r):
+    """'master fp32, moments **bf16** (plan)': dtypes other than fp32 in bold, '(plan)' where the memory plan chose."""
+    n = numerics(r)
+
+    def show(k):
+        v = str(n.get(k, "?"))
+        return v if v.startswith("fp32") or v == "?" else f"**{v}**"
+    return f"master {show('master')}, moments {show('moments')}" + (" (plan)" if n.get("by") else "")
 
 
 def _f(r, k, fmt):
@@ -76,14 +116,56 @@ def _gib(v):
     return f"{v / GiB:.1f}" if v else "-"
 
 
-def throughput_table(rows):
-    head = ("| config | params | backend | variant | precision | GPUs | batch x seq | status | tokens/s | TFLOP/s "
-            "| MFU | step s | peak GPU GiB | peak host GiB | loss |")
+def peers(rows):
+    """Per (model, config, precision, batch, seq, GPUs) with an nntile row: every nntile variant and each peer's
+    fastest variant (ok rows), fastest first."""
+    groups = {}
+    for r in rows:
+        if r["status"] == "ok" and r.get("tokens_per_s"):
+            groups.setdefault((model(r), r["config"], r["precision"], r["batch"], r["seq"], r["gpus"]), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        if not any(r["backend"] == "nntile" for r in rs):
+            continue
+        best = {}
+        for r in rs:
+            if r["backend"] != "nntile" and r["tokens_per_s"] > best.get(r["backend"], {}).get("tokens_per_s", 0):
+                best[r["backend"]] = r
+        tried = {b: sum(1 for r in rs if r["backend"] == b) for b in best}
+        picked = [r for r in rs if r["backend"] == "nntile"] + list(best.values())
+        out.append((key, sorted(picked, key=lambda r: -r["tokens_per_s"]), tried))
+    return sorted(out, key=lambda g: (g[0][0], g[1][0]["params"], g[0][1:]))
+
+
+def peers_table(groups):
+    head = ("| model | config | GPUs | batch x seq | backend | variant | numerics | tokens/s | step s | compile s "
+            "| host waits / step | vs best peer |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in sorted(rows, key=lambda r: (r["params"], r["precision"], r["backend"], variant(r))):
+    for (m, config, precision, batch, seq, gpus), rs, tried in groups:
+        others = [r for r in rs if r["backend"] != "nntile"]
+        top = max((r["tokens_per_s"] for r in others), default=None)
+        for r in rs:
+            more = tried.get(r["backend"], 1)
+            name = variant(r) + (f" (fastest of {more})" if more > 1 else "")
+            waits = r.get("host_waits")
+            timed = waits[r.get("warmup_used", r.get("warmup", 0)):] if waits else None
+            ratio = f"{r['tokens_per_s'] / top:.2f}x" if top else "-"
+            lines.append(f"| {m} | {config} {precision} | {gpus} | {batch} x {seq} | {r['backend']} | {name} | "
+                         f"{numerics_text(r)} | {_tokens(r)} | {_f(r, 'step_s', '.3f')} | "
+                         f"{_f(r, 'compile_s', '.0f')} | "
+                         f"{max(timed) if timed else '-'} | {ratio} |")
+    return "\n".join(lines)
+
+
+def throughput_table(rows):
+    head = ("| model | config | params | backend | variant | precision | numerics | GPUs | batch x seq | status "
+            "| tokens/s | TFLOP/s | MFU | step s | peak GPU GiB | peak host GiB | loss |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in sorted(rows, key=lambda r: (model(r), r["params"], r["precision"], r["backend"], variant(r))):
         status = r["status"] if r["status"] == "ok" else f"{r['status']}: {(r.get('reason') or '')[:120]}"
-        lines.append(f"| {r['config']} | {fmt_params(r['params'])} | {r['backend']} | {variant(r)} | "
-                     f"{r['precision']} | {r['gpus']} | {r['batch']} x {r['seq']} | {status.replace('|', '/')} | "
+        lines.append(f"| {model(r)} | {r['config']} | {fmt_params(r['params'])} | {r['backend']} | {variant(r)} | "
+                     f"{r['precision']} | {numerics_text(r)} | {r['gpus']} | {r['batch']} x {r['seq']} | "
+                     f"{status.replace('|', '/')} | "
                      f"{_tokens(r)} | {_f(r, 'tflops', '.1f')} | {_f(r, 'mfu', '.2f')} | "
                      f"{_f(r, 'step_s', '.3f')}{_uneven_steps(r)}{_longer_warmup(r)} | {_gib(r.get('peak_gpu_bytes'))} | "
                      f"{_gib(r.get('peak_host_bytes'))} | {_f(r, 'loss', '.4f')} |")
@@ -103,10 +185,10 @@ def _longer_warmup(r):
 
 
 def capacity(records):
-    """Per (backend, variant, precision, batch, seq): the largest ok config and the first failure above it."""
+    """Per (model, backend, variant, precision, batch, seq): the largest ok config and the first failure above it."""
     groups = {}
     for r in latest(records, "capacity"):
-        groups.setdefault((r["backend"], variant(r), r["precision"], r["batch"], r["seq"]), []).append(r)
+        groups.setdefault((model(r), r["backend"], variant(r), r["precision"], r["batch"], r["seq"]), []).append(r)
     out = []
     for key, rs in groups.items():
         ok = [r for r in rs if r["status"] == "ok"]
@@ -118,12 +200,13 @@ def capacity(records):
 
 
 def capacity_table(caps):
-    head = "| backend | variant | precision | batch x seq | largest completed | params | step s | first failure |"
+    head = ("| model | backend | variant | precision | batch x seq | largest completed | params | step s "
+            "| first failure |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for (b, v, p, batch, seq), best, fail in caps:
+    for (m, b, v, p, batch, seq), best, fail in caps:
         failure = (f"{fail['config']} ({fmt_params(fail['params'])}): {fail['status']}"
                    f"{': ' + (fail.get('reason') or '')[:80] if fail.get('reason') else ''}" if fail else "-")
-        lines.append(f"| {b} | {v} | {p} | {batch} x {seq} | {best['config'] if best else 'none'} | "
+        lines.append(f"| {m} | {b} | {v} | {p} | {batch} x {seq} | {best['config'] if best else 'none'} | "
                      f"{fmt_params(best['params']) if best else '-'} | {_f(best or {}, 'step_s', '.2f')} | "
                      f"{failure.replace('|', '/')} |")
     return "\n".join(lines)
@@ -235,8 +318,8 @@ def plot_capacity(caps, path):
     import textwrap
     # variants with settings get long ("bf16state+ckpt+stepbwd host_memory_limit=108GiB ..."): wrapped under the bar
     names = ["\n".join(w.replace("+ ", "+") for w in textwrap.wrap(
-        (f"{b}" + ("" if v == "plain" else f":{v}")).replace("+", "+ "), 20, break_long_words=False))
-             + f"\n{p}, b{batch}" for (b, v, p, batch, seq), _, _ in caps]
+        (("" if m == "hf" else f"{m} ") + f"{b}" + ("" if v == "plain" else f":{v}")).replace("+", "+ "), 20,
+        break_long_words=False)) + f"\n{p}, b{batch}" for (m, b, v, p, batch, seq), _, _ in caps]
     vals = [best["params"] / 1e9 if best else 0 for _, best, _ in caps]
     fig, ax = plt.subplots(figsize=(max(6, 1.8 * len(caps)), 4.5 + 0.12 * max(n.count("\n") for n in names)))
     bars = ax.bar(range(len(caps)), vals, color="tab:blue")
@@ -260,7 +343,7 @@ def loss_pairs(records):
     best = {}
     for r in records:
         if r["status"] == "ok" and r["backend"] in ("torch", "nntile") and r.get("losses"):
-            best[(r["backend"], r["config"], r["precision"], r["batch"], r["seq"], len(r["losses"]))] = r
+            best[(r["backend"], model(r), r["config"], r["precision"], r["batch"], r["seq"], len(r["losses"]))] = r
     pairs = []
     for (b, *rest), r in best.items():
         if b == "torch" and ("nntile", *rest) in best:
@@ -278,7 +361,8 @@ def plot_losses(pairs, path):
         ax.plot(range(len(t["losses"])), t["losses"], label=f"torch:{t['variant']}")
         ax.plot(range(len(n["losses"])), n["losses"], "--", label=f"nntile:{n['variant']}")
         gap = max(abs(a - b) for a, b in zip(t["losses"], n["losses"]))
-        ax.set_title(f"{t['config']} {t['precision']}, batch {t['batch']} x {t['seq']}: max gap {gap:.2e}", fontsize=9)
+        ax.set_title(f"{model(t)} {t['config']} {t['precision']}, batch {t['batch']} x {t['seq']}: max gap {gap:.2e}",
+                     fontsize=9)
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
         ax.grid(alpha=0.3)
@@ -300,6 +384,15 @@ def report(folder):
     caps = capacity(records)
     pairs = loss_pairs(records)
     md = [f"# Benchmark results ({len(records)} attempts in results.jsonl)", "", environment(records), ""]
+    best = peers(rows)
+    if best:
+        md += ["## nntile beside each peer's fastest variant", "",
+               ("Per model family, config, batch and GPU count: every nntile variant and, for each peer, its fastest "
+                "variant among those run (compile: torch.compile; useropt: the script's own torch.optim.AdamW and "
+                "clip_grad_norm_). Numerics: master weights' and AdamW moments' dtypes, those other than fp32 in bold; "
+                "(plan): chosen by nntile's memory plan. compile s: the warm-up steps' time beyond a timed step. "
+                "Host waits: nntile's per step, the loss read included (the most of the timed steps)."), "",
+               peers_table(best), ""]
     if rows:
         md += ["## Throughput", "", ("TFLOP/s count 6N + 12 L h seq FLOPs per token; MFU against the matmul peak "
                                      "measured in the same run; step time is the median of the timed steps; peak GPU "
@@ -316,7 +409,8 @@ def report(folder):
         md += ["## Loss: nntile vs torch on the same batches", ""]
         for t, n in pairs:
             gap = max(abs(a - b) for a, b in zip(t["losses"], n["losses"]))
-            md.append(f"- {t['config']} {t['precision']}, batch {t['batch']} x {t['seq']}, {len(t['losses'])} steps: "
+            md.append(f"- {model(t)} {t['config']} {t['precision']}, batch {t['batch']} x {t['seq']}, "
+                      f"{len(t['losses'])} steps: "
                       f"step 0 {t['losses'][0]:.4f} vs {n['losses'][0]:.4f}, last {t['losses'][-1]:.4f} vs "
                       f"{n['losses'][-1]:.4f}, largest gap {gap:.2e}")
         if plot_losses(pairs, os.path.join(folder, "loss.png")):

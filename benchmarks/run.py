@@ -2,27 +2,47 @@
 the same model, data, batch, sequence length and precision, each attempt in its own process.
 
     python -m benchmarks.run --backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024
+    python -m benchmarks.run --model hf,hf-tanh,nanogpt --backend nntile,torch:compile,fsdp2:compile --config xl
     python -m benchmarks.run --backend fsdp:offload,fsdp2:offload,deepspeed --config xl,6.7b
     python -m benchmarks.run --mode capacity --backend torch:ckpt,nntile --config 6.7b,13b,20b --steps 2
     python -m benchmarks.run --backend nntile,fsdp --config xl --repeat 3   # before/after ratios: medians of 3
     python -m benchmarks.run --list-configs
 
+Models (--model, benchmarks/models.py), the same shapes (--config), data, loss and FLOP count:
+  hf         Hugging Face GPT2LMHeadModel as a user has it (its default activation gelu_new)
+  hf-tanh    the same with activation_function="gelu_pytorch_tanh" (the same function in one kernel)
+  nanogpt    examples/nanogpt/model.py, nanoGPT's model.py in structure (its LayerNorm calling F.layer_norm, split
+             q/k/v + SDPA, nn.GELU, tied head), vocab padded to a multiple of 64 as nanoGPT does (50304)
+
 Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:offload+ckpt):
-  torch      eager; variants plain, ckpt (activation checkpointing)
+  torch      eager; variants plain, ckpt (activation checkpointing), compile (torch.compile(model)), useropt (a
+             training script's own optimizer and clipping, as nanoGPT's train.py: torch.optim.AdamW over its
+             weight-decay groups, fused on CUDA, betas (0.9, 0.95), and clip_grad_norm_(params, 1.0) every step)
   nntile     nntile_torch.convert + nntile_torch.optim.AdamW; plain: the memory plan (nt.plan) picks every setting;
              by hand instead: ckpt, stepbwd (AdamW in backward), bf16state (bf16 moments), offload
              (--offload-fraction of the weights updated on CPU workers), noplan (nntile's defaults, no plan);
              cpuupdate, gpuupdate: the plan with its host blocks updated on CPU workers / on the GPU;
              bf16master: the plan with bf16 master weights; statefetch: the plan with the early state fetch;
              keptcopies: the plan with the GPU blocks' bf16 weight copies kept between steps (not made per use);
-             hostckpt: the plan with checkpointing's block inputs homed in host RAM (nt.plan(host_checkpoints=True))
-  fsdp       FSDP1 FULL_SHARD per GPT2Block; variants plain, offload (CPUOffload(offload_params=True)), ckpt
-  fsdp2      fully_shard per GPT2Block + root; variants plain, offload (CPUOffloadPolicy), ckpt
+             hostckpt: the plan with checkpointing's block inputs homed in host RAM (nt.plan(host_checkpoints=True));
+             fp32state: the plan held to the peers' numerics, fp32 moments and master weights (a like-for-like row
+             beside a plan that picks bf16 ones);
+             useropt: the converted model trained by torch.optim.AdamW and clip_grad_norm_ as torch's useropt (the
+             plan, if any, limited to fp32 master weights and moments on the GPU, updates in step())
+  fsdp       FSDP1 FULL_SHARD per block; variants plain, offload (CPUOffload(offload_params=True)), ckpt, compile
+             (torch.compile of the FSDP1 model, use_orig_params=True), useropt (FSDP1's clip_grad_norm_)
+  fsdp2      fully_shard per block + root; variants plain, offload (CPUOffloadPolicy), ckpt, compile (torch.compile
+             of each block, then fully_shard: torchtitan's order), useropt
   deepspeed  ZeRO-3; variants offload (params + optimizer to CPU, the default), nvme (to --nvme-path),
              gpu (no offload), ckpt
 fsdp, fsdp2 and deepspeed run under torchrun on every visible GPU (one process with gloo on a CPU-only machine);
 torch and nntile in one process (nntile on all GPUs). Precision bf16: autocast / MixedPrecision / DeepSpeed bf16 /
-nntile bf16 matmuls, fp32 master weights everywhere; tf32: fp32 weights, TF32 matmuls.
+nntile bf16 matmuls, fp32 master weights everywhere (nntile's plan may pick bf16 moments or bf16 master weights
+beyond GPU memory); tf32: fp32 weights, TF32 matmuls. Each record's `numerics` says its matmul precision and its
+master weights' and moments' dtypes.
+torch.compile keeps its kernels in TORCHINDUCTOR_CACHE_DIR (inductor's default: /tmp/torchinductor_<user>): a
+folder that outlives the attempt makes later compiles of the same model faster. The warm-up steps' time beyond a
+timed step is recorded as `compile_s` (and the first step's as `first_step_s`), apart from the step time.
 
 Throughput: the median (and mean) of the timed steps, after a warm-up that goes on while a step still raises the
 peak host or GPU memory by more than 1% (a model beyond GPU memory allocates for its first steps; --max-warmup caps
@@ -56,22 +76,30 @@ from benchmarks.configs import (
     by_size,
     flops_per_token,
     fmt_params,
+    model_vocab,
     param_count,
 )
+from benchmarks.models import MODELS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = {
-    "torch": ({"ckpt"}, ""),
+    # compile: torch.compile (torch: the whole model; fsdp: the FSDP1 model, use_orig_params=True; fsdp2: each block,
+    # then fully_shard); useropt: a training script's own optimizer and clipping, as nanoGPT's train.py
+    # (torch.optim.AdamW over its weight-decay groups, fused on CUDA, and clip_grad_norm_(1.0) every step)
+    "torch": ({"ckpt", "compile", "useropt"}, ""),
     # stepbwd: AdamW(step_in_backward=True), gradients never all held; bf16state: AdamW(state_dtype=bfloat16)
     # offload: AdamW(offload=--offload-fraction), those updates on CPU workers with their state in host RAM
     # no flag: the memory plan (nt.plan) chooses; noplan: nntile's defaults without a plan; cpuupdate / gpuupdate:
     # the plan, with its host blocks' updates pinned to CPU workers / the GPU; bf16master: the plan with the blocks'
     # matmul weights kept in bf16 alone; statefetch: the plan with the early fetch of the GPU updates' state;
     # keptcopies: the plan with nt.plan(bf16_per_use=False); hostckpt: with nt.plan(host_checkpoints=True)
+    # fp32state: the plan with nt.plan(state_dtype=torch.float32, master_dtype=torch.float32), the peers' numerics
+    # useropt: torch.optim.AdamW and clip_grad_norm_ on the converted model instead of nt.optim.AdamW (with the
+    # plan: one limited to what that optimizer runs, fp32 state on the GPU)
     "nntile": ({"ckpt", "stepbwd", "bf16state", "offload", "noplan", "cpuupdate", "gpuupdate", "bf16master",
-                "statefetch", "keptcopies", "hostckpt"}, ""),
-    "fsdp": ({"offload", "ckpt"}, ""),
-    "fsdp2": ({"offload", "ckpt"}, ""),
+                "statefetch", "keptcopies", "hostckpt", "useropt", "fp32state"}, ""),
+    "fsdp": ({"offload", "ckpt", "compile", "useropt"}, ""),
+    "fsdp2": ({"offload", "ckpt", "compile", "useropt"}, ""),
     "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),
 }
 DISTRIBUTED = {"fsdp", "fsdp2", "deepspeed"}
@@ -95,11 +123,18 @@ def canonical_variant(backend, text):
     pins = flags & {"cpuupdate", "gpuupdate"} if backend == "nntile" else set()
     if pins and len(pins) > 1:
         raise ValueError("nntile variants cpuupdate and gpuupdate pin the plan's host updates: one of them")
-    planned = flags & {"cpuupdate", "gpuupdate", "bf16master", "statefetch", "keptcopies", "hostckpt"} \
+    planned = flags & {"cpuupdate", "gpuupdate", "bf16master", "statefetch", "keptcopies", "hostckpt", "fp32state"} \
         if backend == "nntile" else set()
     if planned and flags & MANUAL_NNTILE_FLAGS:
         raise ValueError(f"nntile variants {sorted(planned)} change the memory plan: not with the flags that turn the "
                          f"plan off ({sorted(MANUAL_NNTILE_FLAGS)})")
+    if backend == "nntile" and {"fp32state", "bf16master"} <= flags:
+        raise ValueError("nntile variants fp32state and bf16master pin the master weights' dtype: one of them")
+    if backend == "nntile" and "useropt" in flags:
+        ours = flags & {"stepbwd", "bf16state", "offload", "cpuupdate", "gpuupdate", "bf16master", "statefetch"}
+        if ours:
+            raise ValueError(f"nntile variant useropt trains with torch.optim.AdamW: not with {sorted(ours)} "
+                             "(settings of nt.optim.AdamW)")
     if backend == "deepspeed":  # offloads to CPU unless told gpu (no offload) or nvme
         if "gpu" in flags and flags & {"offload", "nvme"}:
             raise ValueError("deepspeed variant 'gpu' (no offload) excludes offload and nvme")
@@ -334,16 +369,19 @@ def precheck(a, cpu_only, args, world):
 
 def run_attempt(a, args, machine, peaks, ngpus, logdir):
     """Runs one attempt in its own process (torchrun for the distributed backends) and returns its record."""
-    name = f"{a['backend']}_{a['variant']}_{a['config']}_{a['precision']}_b{args.batch}_s{args.seq}"
+    model = a.get("model", "hf")
+    name = (f"{a['backend']}_{a['variant']}_{'' if model == 'hf' else model + '_'}{a['config']}_{a['precision']}"
+            f"_b{args.batch}_s{args.seq}")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     log_path = os.path.join(logdir, f"{stamp}_{name}.log")
-    params = param_count(a["config"], args.seq)
+    params = param_count(a["config"], args.seq, model)
     shape = CONFIGS[a["config"]]
     cpu_only = args.cpu or ngpus == 0
     world = 1 if (cpu_only or a["backend"] not in DISTRIBUTED) else ngpus
     with tempfile.TemporaryDirectory(prefix="bench_") as tmp:
         spec = {"backend": a["backend"], "flags": [f for f in a["variant"].split("+") if f != "plain"],
-                "config": a["config"], "precision": a["precision"], "batch": args.batch, "seq": args.seq,
+                "model": model, "config": a["config"], "precision": a["precision"], "batch": args.batch,
+                "seq": args.seq,
                 "steps": args.steps, "warmup": args.warmup, "seed": args.seed, "data_pool": args.data_pool,
                 "max_warmup": args.max_warmup if a["mode"] == "throughput" else args.warmup,
                 "lr": args.lr, "weight_decay": 0.01, "params": params, "cpu": cpu_only,
@@ -366,9 +404,10 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", *worker]
         else:
             cmd = [sys.executable, *worker]
-        rec = {"machine": machine, "backend": a["backend"], "variant": a["variant"], "config": a["config"],
-               "params": params, "layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads,
-               "vocab": shape.vocab, "precision": a["precision"], "gpus": 0 if cpu_only else world,
+        rec = {"machine": machine, "backend": a["backend"], "variant": a["variant"], "model": model,
+               "config": a["config"], "params": params, "layers": shape.layers, "hidden": shape.hidden,
+               "heads": shape.heads, "vocab": model_vocab(a["config"], model), "precision": a["precision"],
+               "numerics": None, "gpus": 0 if cpu_only else world,
                "batch": args.batch, "seq": args.seq, "steps": args.steps, "warmup": args.warmup, "mode": a["mode"],
                "status": None, "reason": None, "tokens_per_s": None, "tflops": None, "mfu": None,
                "peak_tflops": peaks.get(a["precision"]), "step_s": None, "peak_gpu_bytes": None,
@@ -412,9 +451,11 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
         worst = bad[0] if bad else first
         rec.update(status=worst["status"], reason=worst["reason"])
         for k in ("step_s", "step_mean_s", "step_times", "gc_ms", "warmup_used", "losses", "loss", "setup_s", "env",
-                  "timeline", "dispatch", "phase_ms", "step_traces"):
+                  "timeline", "dispatch", "phase_ms", "step_traces", "first_step_s", "compile_s", "host_waits",
+                  "tasks"):
             if k in first:
                 rec[k] = first[k]
+        rec["numerics"] = (first.get("env") or {}).get("numerics")
         if first.get("gpus") is not None and not cpu_only:
             rec["gpus"] = first["gpus"]
         gpu_peaks = [r["peak_gpu_bytes"] for r in ranks if r.get("peak_gpu_bytes")]
@@ -449,13 +490,14 @@ def progress(rec):
 
 
 def table(records):
-    head = ("| backend | variant | config | params | prec | status | tok/s | TFLOP/s | MFU | step s | GPU GiB "
+    head = ("| backend | variant | model | config | params | prec | status | tok/s | TFLOP/s | MFU | step s | GPU GiB "
             "| host GiB |")
     rows = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in records:
         def f(k, fmt, r=r):
             return format(r[k], fmt) if r.get(k) is not None else "-"
-        rows.append(f"| {r['backend']} | {r['variant']} | {r['config']} | {fmt_params(r['params'])} | "
+        rows.append(f"| {r['backend']} | {r['variant']} | {r.get('model', 'hf')} | {r['config']} | "
+                    f"{fmt_params(r['params'])} | "
                     f"{r['precision']} | "
                     f"{r['status']} | {f('tokens_per_s', ',.0f')} | {f('tflops', '.1f')} | {f('mfu', '.2f')} | "
                     f"{f('step_s', '.3f')} | {(r['peak_gpu_bytes'] or 0) / GiB:.1f} | "
@@ -468,6 +510,10 @@ def parse_args(argv=None):
     ap.add_argument("--backend", default="torch,nntile", help="comma list of backend[:variant] (default torch,nntile)")
     ap.add_argument("--variant", help="comma list of variants for backends given without one")
     ap.add_argument("--config", help=f"comma list of configs (default: xl; capacity: {','.join(CAPACITY_LADDER)})")
+    ap.add_argument("--model", default="hf",
+                    help="comma list of model families (benchmarks/models.py): hf (Hugging Face GPT2LMHeadModel, its "
+                         "default gelu_new), hf-tanh (the same with gelu_pytorch_tanh), nanogpt (examples/nanogpt's "
+                         "nanoGPT-shaped model, vocab padded to 50304); default hf")
     ap.add_argument("--precision", default="bf16", help="comma list of bf16, tf32, fp32 (default bf16)")
     ap.add_argument("--mode", default="throughput", choices=["throughput", "capacity"])
     ap.add_argument("--batch", type=int, default=8, help="global batch in sequences (default 8)")
@@ -565,6 +611,11 @@ def parse_args(argv=None):
     if args.host_memory_cap:
         from nntile_torch.runtime import parse_bytes
         args.host_memory_cap = parse_bytes(args.host_memory_cap, "--host-memory-cap")
+    args.models = [m.strip() for m in args.model.split(",")]
+    if any(m not in MODELS for m in args.models):
+        ap.error(f"--model takes {', '.join(MODELS)} (got {args.model})")
+    if args.warmup < 1 and any("compile" in v.split("+") for _, v in args.pairs):
+        ap.error("compile variants need --warmup >= 1: the first step compiles (its time is recorded as compile_s)")
     args.precisions = [p.strip() for p in args.precision.split(",")]
     if any(p not in ("bf16", "tf32", "fp32") for p in args.precisions):
         ap.error(f"--precision takes bf16, tf32, fp32 (got {args.precision})")
@@ -583,15 +634,16 @@ def main(argv=None):
         return []
     if args.mode == "throughput":
         # rounds: each attempt once per round, so that a slow machine phase does not hit one setting's runs alone
-        plan = [{"backend": b, "variant": v, "config": c, "precision": p, "mode": "throughput", "round": r}
+        plan = [{"backend": b, "variant": v, "model": m, "config": c, "precision": p, "mode": "throughput",
+                 "round": r}
                 for r in range(1, args.repeat + 1) for c in args.configs for p in args.precisions
-                for b, v in args.pairs]
+                for m in args.models for b, v in args.pairs]
     else:
         plan = None  # built as the search goes
     if args.dry_run:
-        for a in plan or [{"backend": b, "variant": v, "config": c, "precision": p} for b, v in args.pairs
-                          for p in args.precisions for c in by_size(args.configs, args.seq)]:
-            print(f"{a['backend']}:{a['variant']} {a['config']} {a['precision']}"
+        for a in plan or [{"backend": b, "variant": v, "model": m, "config": c, "precision": p} for m in args.models
+                          for b, v in args.pairs for p in args.precisions for c in by_size(args.configs, args.seq)]:
+            print(f"{a['backend']}:{a['variant']} {a['model']} {a['config']} {a['precision']}"
                   + (f" (round {a['round']} of {args.repeat})" if args.repeat > 1 else ""))
         return []
     with tempfile.TemporaryDirectory(prefix="bench_probe_") as tmp:
@@ -615,8 +667,8 @@ def main(argv=None):
     series = datetime.datetime.now().isoformat(timespec="seconds")  # the runs of one --repeat, for the report
 
     def attempt(a, i, n):
-        head = f"[{i}/{n}] {a['mode']} {a['backend']}:{a['variant']} {a['config']} " \
-               f"({fmt_params(param_count(a['config'], args.seq))}) {a['precision']} ..."
+        head = f"[{i}/{n}] {a['mode']} {a['backend']}:{a['variant']} {a['model']} {a['config']} " \
+               f"({fmt_params(param_count(a['config'], args.seq, a['model']))}) {a['precision']} ..."
         left = args.budget - (time.monotonic() - started) if args.budget is not None else math.inf
         if left < 30:
             print(f"{head} not started: under 30 s of the {args.budget:.0f} s --budget left", flush=True)
@@ -637,18 +689,20 @@ def main(argv=None):
             attempt(a, i, len(plan))
     else:
         ladder = by_size(args.configs, args.seq)
-        for b, v in args.pairs:
-            for p in args.precisions:
-                best = None
-                for i, c in enumerate(ladder, 1):
-                    a = {"backend": b, "variant": v, "config": c, "precision": p, "mode": "capacity"}
-                    rec = attempt(a, i, len(ladder))
-                    if rec is None or rec["status"] != "ok":
-                        break
-                    best = rec
-                print(f"capacity {b}:{v} {p}: " + (f"{best['config']} ({fmt_params(best['params'])})" if best
-                                                     else "none of the configs") +
-                      f" completes {args.warmup + args.steps} steps at batch {args.batch} x {args.seq}", flush=True)
+        for m in args.models:
+            for b, v in args.pairs:
+                for p in args.precisions:
+                    best = None
+                    for i, c in enumerate(ladder, 1):
+                        a = {"backend": b, "variant": v, "model": m, "config": c, "precision": p, "mode": "capacity"}
+                        rec = attempt(a, i, len(ladder))
+                        if rec is None or rec["status"] != "ok":
+                            break
+                        best = rec
+                    print(f"capacity {b}:{v} {'' if m == 'hf' else m + ' '}{p}: "
+                          + (f"{best['config']} ({fmt_params(best['params'])})" if best else "none of the configs")
+                          + f" completes {args.warmup + args.steps} steps at batch {args.batch} x {args.seq}",
+                          flush=True)
     print(table(records))
     return records
 

@@ -1,7 +1,8 @@
 """One benchmark attempt, in its own process (launched by benchmarks.run; torchrun launches it once per GPU for
-fsdp, fsdp2 and deepspeed). Trains a GPT-2 config for warm-up + timed steps on synthetic, deterministic batches
-and writes <result>.rank<R>.json: status ("ok", "oom", "error", "unavailable"), reason, per-step times and
-losses, peak memory and the environment. Derived metrics (tokens/s, TFLOP/s, MFU) are computed by the harness.
+fsdp, fsdp2 and deepspeed). Trains a GPT-2 config of one model family (benchmarks/models.py) for warm-up + timed
+steps on synthetic, deterministic batches and writes <result>.rank<R>.json: status ("ok", "oom", "error",
+"unavailable"), reason, per-step times and losses, peak memory and the environment. Derived metrics (tokens/s,
+TFLOP/s, MFU) are computed by the harness.
 
     python -m benchmarks.worker --spec attempt.json        # the spec is written by benchmarks.run
     python -m benchmarks.worker --probe out.json           # GPUs, versions, measured matmul peaks
@@ -12,7 +13,6 @@ import gc
 import gzip
 import importlib
 import json
-import math
 import os
 import platform
 import resource
@@ -24,7 +24,8 @@ import traceback
 
 import torch
 
-from benchmarks.configs import MANUAL_NNTILE_FLAGS, hf_config
+from benchmarks import models
+from benchmarks.configs import CONFIGS, MANUAL_NNTILE_FLAGS
 
 
 
@@ -82,16 +83,23 @@ class PeakGpuMemory:
         return self.peak
 
 
+def family(spec):
+    return spec.get("model", "hf")
+
+
 def build_model(spec, device):
-    """GPT2LMHeadModel with weights drawn from spec["seed"] on `device` (same seed + device: same weights)."""
-    import transformers
+    """The spec's model family at its config, weights drawn from spec["seed"] on `device` (same seed + device: same
+    weights), with activation checkpointing for the ckpt flag."""
     torch.manual_seed(spec["seed"])
     with torch.device(device):
-        model = transformers.GPT2LMHeadModel(hf_config(spec["config"], spec["seq"]))
-    model.train()
+        model = models.build(family(spec), spec["config"], spec["seq"])
+    BUILT.update(models.describe(family(spec), model))
     if "ckpt" in spec["flags"]:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        models.enable_checkpointing(model)
     return model
+
+
+BUILT = {}  # what build_model() built, for the record
 
 
 def init_device(spec, cuda):
@@ -107,34 +115,23 @@ def init_device(spec, cuda):
     return "cuda" if 4 * spec["params"] <= 0.45 * total else "cpu"
 
 
-def hf_init(model):
-    """Hugging Face's GPT-2 init for one module at a time (what convert() calls on a meta model's modules),
-    with GPT-2's depth-scaled init of the residual projections (HF applies it from their parent module)."""
-    scaled = {id(m.c_proj) for m in model.modules() if type(m).__name__ in ("GPT2Attention", "GPT2MLP")}
-    std = model.config.initializer_range / math.sqrt(2 * model.config.n_layer)
-
-    def init(m):
-        model._init_weights(m)
-        if id(m) in scaled:
-            m.weight.normal_(0.0, std)
-        # Drawn on the GPU (fast), copied into tiles from host RAM: each tile then moves to the GPU that first
-        # works on it (with several GPUs, its place's), instead of every tile starting on the first GPU.
-        m.to("cpu")
-    return init
-
-
 def set_precision(precision):
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
 
 
-def train_step(model, opt):
-    """One plain training step of a (wrapped) Hugging Face model with a torch optimizer."""
+def train_step(spec, model, opt, clip=None):
+    """One plain training step of a (wrapped) model with a torch optimizer; clip(): the gradients' clipping
+    between backward and the update (the useropt flag), as nanoGPT's train.py does."""
+    name = family(spec)
+
     def step(ids):
         opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = models.loss(name, model, ids)
         loss.backward()
+        if clip is not None:
+            clip()
         opt.step()
         return loss
     return step
@@ -146,6 +143,40 @@ def torch_adamw(params, spec):
     return torch.optim.AdamW(params, lr=spec["lr"], weight_decay=spec["weight_decay"], fused=True)
 
 
+GRAD_CLIP = 1.0  # nanoGPT's train.py's grad_clip
+
+
+def peer_optimizer(spec, model, cuda):
+    """(optimizer, its description) for torch, fsdp and fsdp2: the harness's fused AdamW over every parameter, or
+    with the useropt flag a training script's own (models.user_optimizer: nanoGPT's weight-decay groups)."""
+    if "useropt" in spec["flags"]:
+        opt = models.user_optimizer(family(spec), model, spec["lr"], spec["weight_decay"], fused=cuda)
+        return opt, ("torch.optim.AdamW (nanoGPT's weight-decay groups" + (", fused)" if cuda else ")") +
+                     f", clip_grad_norm_ {GRAD_CLIP}")
+    return torch_adamw(model.parameters(), spec), "torch.optim.AdamW (fused)"
+
+
+def numerics(spec, master="fp32", moments="fp32"):
+    """The numerics of a row: matmul precision, master weights' and AdamW moments' dtypes."""
+    return {"matmul": spec["precision"], "master": master, "moments": moments}
+
+
+def inductor_cache():
+    """Where torch.compile keeps its compiled kernels (TORCHINDUCTOR_CACHE_DIR, else inductor's own default)."""
+    import getpass
+    import tempfile
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+
+
+def compile_blocks(model):
+    """torch.compile of each transformer block, put back in its ModuleList (as torchtitan compiles before
+    fully_shard): the sharding hooks stay outside the compiled code."""
+    h = models.blocks(model)
+    for i, block in enumerate(h):
+        h[i] = torch.compile(block)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Backends. Each returns (step(ids) -> loss tensor or float, sync(), env dict, gpus).
 
@@ -154,20 +185,26 @@ def setup_torch(spec, cuda, rank, world):
     dev0 = init_device(spec, cuda)
     model = build_model(spec, dev0).to(device)
     counted = sum(p.numel() for p in model.parameters())
-    opt = torch_adamw(model.parameters(), spec)
+    opt, opt_name = peer_optimizer(spec, model, cuda)
     bf16 = spec["precision"] == "bf16"
+    name = family(spec)
+    compiled = torch.compile(model) if "compile" in spec["flags"] else model  # nanoGPT's train.py's compile=True
 
     def step(ids):
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device, dtype=torch.bfloat16, enabled=bf16):
-            loss = model(input_ids=ids, labels=ids).loss
+            loss = models.loss(name, compiled, ids)
         loss.backward()
+        if "useropt" in spec["flags"]:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
         opt.step()
         return loss
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    env = {"init_device": dev0, "optimizer": "torch.optim.AdamW (fused)",
-           "autocast": "bf16" if bf16 else None, "params_counted": counted}
+    env = {"init_device": dev0, "optimizer": opt_name, "autocast": "bf16" if bf16 else None,
+           "params_counted": counted, "numerics": numerics(spec)}
+    if "compile" in spec["flags"]:
+        env["compile"] = {"what": "torch.compile(model)", "inductor_cache": inductor_cache()}
     return step, sync, env, 1 if cuda else 0, device
 
 
@@ -192,16 +229,22 @@ def setup_nntile(spec, cuda, rank, world):
         os.makedirs(o["disk_path"], exist_ok=True)
     # Without variant flags the memory plan chooses (docs/memory_plan.md): checkpointing, moments' dtype, updates
     # inside backward, the blocks kept in host RAM and their CPU workers. Any flag means the settings by hand.
+    # useropt: the training script's own optimizer and clipping (torch.optim.AdamW, clip_grad_norm_) in place of
+    # nt.optim.AdamW; the plan then picks among placements that optimizer can run: fp32 master weights and moments,
+    # updates in step(), every block's state on the GPU.
     plan = None
+    useropt = "useropt" in spec["flags"]
     if not set(spec["flags"]) & MANUAL_NNTILE_FLAGS:
-        import transformers
         with torch.device("meta"):
-            shape_only = transformers.GPT2LMHeadModel(hf_config(spec["config"], spec["seq"]))
-        plan = nt.plan(shape_only, spec["batch"], spec["seq"], spec["precision"],
+            shape_only = models.build(family(spec), spec["config"], spec["seq"])
+        pins = dict(state_dtype=torch.float32, step_in_backward=False, host_blocks=0) if useropt else \
+            dict(state_dtype=torch.float32) if "fp32state" in spec["flags"] else {}
+        plan = nt.plan(shape_only, spec["batch"], spec["seq"], spec["precision"], **pins,
                        gpu_memory=o["cuda_memory_limit"] if cuda else None, host_memory=o["host_memory_limit"],
                        disk_limit=o["disk_limit"] if o["disk_path"] else None,
                        host_update="cpu" if "cpuupdate" in spec["flags"] else "gpu" if "gpuupdate" in spec["flags"]
-                       else None, master_dtype=torch.bfloat16 if "bf16master" in spec["flags"] else None,
+                       else None, master_dtype=torch.bfloat16 if "bf16master" in spec["flags"] else
+                       torch.float32 if useropt or "fp32state" in spec["flags"] else None,
                        bf16_per_use=False if "keptcopies" in spec["flags"] else None,
                        host_checkpoints=True if "hostckpt" in spec["flags"] else None)
         print(plan, flush=True)
@@ -228,30 +271,45 @@ def setup_nntile(spec, cuda, rank, world):
     tile = o["tile_size"] or default_tile_size(dense, plan)
     kw = dict(precision=spec["precision"], tile_size=tile, batch_tile_size=btile, plan=plan)
     if dev0 == "meta":
-        kw.update(init=hf_init(dense), init_device=device)
+        kw.update(init=models.module_init(family(spec), dense), init_device=device)
     model = nt.convert(dense, **kw)
     if "statefetch" in spec["flags"]:  # the streaming's early fetch of the GPU updates' state (off by default)
         nt.streamer(model).state_ahead = 0
     if cuda:
         torch.cuda.empty_cache()  # the dense weights are gone; give their memory back to the device
     counted = sum(p.numel() for p in model.parameters())
-    if plan is not None:
+    if useropt:
+        opt = models.user_optimizer(family(spec), model, spec["lr"], spec["weight_decay"], fused=cuda)
+        opt_name = ("torch.optim.AdamW (nanoGPT's weight-decay groups" + (", fused)" if cuda else ")")
+                    + f", clip_grad_norm_ {GRAD_CLIP}")
+        rows = numerics(spec)  # torch's AdamW keeps its moments in the parameters' dtype
+    elif plan is not None:
         opt = nt.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"], plan=plan)
+        opt_name = "nntile_torch.optim.AdamW"
+        rows = numerics(spec, master="bf16 (blocks' matmul weights)" if plan.master_dtype == torch.bfloat16
+                        else "fp32", moments=str(plan.state_dtype).replace("torch.", "").replace("bfloat16", "bf16")
+                        .replace("float32", "fp32"))
     else:
         opt = nt.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"],
                              step_in_backward="stepbwd" in spec["flags"],
                              state_dtype=torch.bfloat16 if "bf16state" in spec["flags"] else torch.float32,
                              offload=o.get("offload_fraction", 1.0) if "offload" in spec["flags"] else None)
-
+        opt_name = "nntile_torch.optim.AdamW"
+        rows = numerics(spec, moments="bf16" if "bf16state" in spec["flags"] else "fp32")
+    if plan is not None:
+        rows["by"] = "the memory plan"
+    name = family(spec)
     phases = []
 
     def step(ids):
         t0 = time.perf_counter()
         opt.zero_grad()
-        loss = model(input_ids=ids, labels=ids).loss
+        loss = models.loss(name, model, ids)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
+        if useropt:  # the script's own line, as nanoGPT's train.py has it
+            torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP)
         opt.step()
         t3 = time.perf_counter()
         phases.append([round((t1 - t0) * 1e3, 1), round((t2 - t1) * 1e3, 1), round((t3 - t2) * 1e3, 1)])
@@ -263,14 +321,22 @@ def setup_nntile(spec, cuda, rank, world):
             torch.cuda.synchronize()
 
     info = nt.info()
-    env = {"init_device": dev0, "optimizer": "nntile_torch.optim.AdamW", "tile_size": tile, "batch_tile_size": btile,
+    env = {"init_device": dev0, "optimizer": opt_name, "numerics": rows, "tile_size": tile, "batch_tile_size": btile,
            "starpu": info.get("starpu_version"), "scheduler": info.get("scheduler"), "workers": info.get("workers"),
            "memory_nodes": info.get("memory_nodes"), "cuda_memory_split": info.get("cuda_memory_split"),
            "nntile_settings": info.get("settings"), "submission_window": info.get("submission_window"),
            "params_counted": counted, "_stats": nt.stats, "_phases": phases,
+           "_convert_report": lambda: convert_summary(nt.convert_report(model)),
            "plan": plan.summary() if plan is not None else None}
     gpus = info.get("gpus", 0) if cuda else 0
     return step, sync, env, gpus, device
+
+
+def convert_summary(report):
+    """nt.convert_report's counts, what stays dense and the dense ops seen while the model ran."""
+    return {"swapped": len(report.swapped), "tiled": len(report.tiled), "patched": len(report.patched),
+            "dense": [f"{n or '(model)'} ({t}: {why})" for n, t, why in report.dense],
+            "dense_ops": {f"{m or '(model)'}: {op}": n for (m, op), n in report.dense_ops.items()}}
 
 
 def _dist_init(cuda):
@@ -289,7 +355,6 @@ def setup_fsdp(spec, cuda, rank, world):
     from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
-    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
     offload = "offload" in spec["flags"]
     if offload and not cuda:
         raise Unavailable("CPU offload needs a GPU to offload from (none here)")
@@ -299,19 +364,27 @@ def setup_fsdp(spec, cuda, rank, world):
     model = build_model(spec, dev0)
     bf16 = spec["precision"] == "bf16"
     mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else None
-    model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, auto_wrap_policy=ModuleWrapPolicy({GPT2Block}),
+    block = models.block_class(family(spec))
+    # use_orig_params=True: what torch.compile of an FSDP1 model needs (and the fused AdamW sees the original names)
+    model = FSDP(model, sharding_strategy=ShardingStrategy.FULL_SHARD, auto_wrap_policy=ModuleWrapPolicy({block}),
                  mixed_precision=mp, cpu_offload=CPUOffload(offload_params=True) if offload else None,
                  device_id=device, use_orig_params=True, limit_all_gathers=True)
-    opt = torch_adamw(model.parameters(), spec)
+    opt, opt_name = peer_optimizer(spec, model, cuda)
+    compiled = torch.compile(model) if "compile" in spec["flags"] else model  # the whole FSDP1 model, as its docs
 
-    step = train_step(model, opt)
+    # FSDP1's own clip_grad_norm_: the norm over every rank's shards
+    step = train_step(spec, compiled, opt, clip=(lambda: model.clip_grad_norm_(GRAD_CLIP))
+                      if "useropt" in spec["flags"] else None)
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     # FSDP1 itself turns FULL_SHARD into NO_SHARD for one rank (the same thing there); say so.
-    env = {"init_device": dev0, "wrap": "GPT2Block", "sharding": "FULL_SHARD" if world > 1 else "NO_SHARD (1 rank)",
-           "cpu_offload": offload,
+    env = {"init_device": dev0, "wrap": block.__name__,
+           "sharding": "FULL_SHARD" if world > 1 else "NO_SHARD (1 rank)", "cpu_offload": offload,
            "mixed_precision": "param bf16, reduce fp32" if bf16 else None,
-           "optimizer": "torch.optim.AdamW (fused, on the CPU when offloaded)"}
+           "optimizer": opt_name + (" (on the CPU when offloaded)" if offload else ""), "numerics": numerics(spec)}
+    if "compile" in spec["flags"]:
+        env["compile"] = {"what": "torch.compile(FSDP(model, use_orig_params=True))",
+                          "inductor_cache": inductor_cache()}
     return step, sync, env, world if cuda else 0, device
 
 
@@ -336,19 +409,25 @@ def setup_fsdp2(spec, cuda, rank, world):
           "mp_policy": (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
                         else MixedPrecisionPolicy()),
           "offload_policy": CPUOffloadPolicy() if offload else OffloadPolicy()}
-    for block in model.transformer.h:
+    if "compile" in spec["flags"]:
+        compile_blocks(model)  # per block, then fully_shard per (compiled) block: torchtitan's order
+    for block in models.blocks(model):
         fully_shard(block, **kw)
     fully_shard(model, **kw)
     if not offload:
         model.to(device)
-    opt = torch_adamw(model.parameters(), spec)
+    opt, opt_name = peer_optimizer(spec, model, cuda)
 
-    step = train_step(model, opt)
+    step = train_step(spec, model, opt, clip=(lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP))
+                      if "useropt" in spec["flags"] else None)
 
     sync = torch.cuda.synchronize if cuda else (lambda: None)
-    env = {"init_device": dev0, "wrap": "fully_shard per GPT2Block + root", "cpu_offload": offload,
-           "mixed_precision": "param bf16, reduce fp32" if bf16 else None,
-           "optimizer": "torch.optim.AdamW (fused, on the CPU when offloaded)"}
+    env = {"init_device": dev0, "wrap": f"fully_shard per {models.block_class(family(spec)).__name__} + root",
+           "cpu_offload": offload, "mixed_precision": "param bf16, reduce fp32" if bf16 else None,
+           "optimizer": opt_name + (" (on the CPU when offloaded)" if offload else ""), "numerics": numerics(spec)}
+    if "compile" in spec["flags"]:
+        env["compile"] = {"what": "torch.compile per block, then fully_shard per block + root",
+                          "inductor_cache": inductor_cache()}
     return step, sync, env, world if cuda else 0, device
 
 
@@ -413,20 +492,20 @@ def setup_deepspeed(spec, cuda, rank, world):
     if zero_init:
         # Parameters are partitioned (and offloaded) as they are created, so no rank ever holds the whole model;
         # HF's initialization then runs per module on gathered parameters (its values differ from the others').
-        import transformers
         importlib.import_module("torch._dynamo")  # imported inside zero.Init, its Tensor.__new__ patch breaks it
-        cls, cfg = transformers.GPT2LMHeadModel, hf_config(spec["config"], spec["seq"])  # lazy imports done here
+        with torch.device("meta"):
+            models.build(family(spec), spec["config"], spec["seq"])  # the lazy imports, done here
         torch.manual_seed(spec["seed"])
         with deepspeed.zero.Init(config_dict_or_path=config, remote_device=target["device"] if offload else None):
-            model = cls(cfg)
+            model = models.build(family(spec), spec["config"], spec["seq"])
+        BUILT.update(models.describe(family(spec), model))
         for m in model.modules():
             ps = list(m.parameters(recurse=False))
             if ps:
                 with deepspeed.zero.GatheredParameters(ps, modifier_rank=0):
                     model._init_weights(m)
-        model.train()
         if "ckpt" in flags:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            models.enable_checkpointing(model)
     else:
         model = build_model(spec, dev0)
     note = None
@@ -447,8 +526,10 @@ def setup_deepspeed(spec, cuda, rank, world):
         opt = torch_adamw(model.parameters(), spec)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=config)
 
+    name = family(spec)
+
     def step(ids):
-        loss = engine(input_ids=ids, labels=ids).loss
+        loss = models.loss(name, engine, ids)
         engine.backward(loss)
         engine.step()
         return loss
@@ -456,7 +537,7 @@ def setup_deepspeed(spec, cuda, rank, world):
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     env = {"init_device": dev0, "deepspeed": deepspeed.__version__, "zero_stage": 3,
            "offload": target["device"] if offload else None, "optimizer": type(opt).__name__,
-           "optimizer_note": note, "ds_config": config}
+           "optimizer_note": note, "ds_config": config, "numerics": numerics(spec)}
     return step, sync, env, world if cuda else 0, device
 
 
@@ -588,7 +669,10 @@ def run_attempt(spec, rank, world):
         step, sync, env, gpus, device = setup(spec, cuda, rank, world)
         stats = env.pop("_stats", None)
         phases = env.pop("_phases", None)  # nntile: per step, ms until forward, backward and step were submitted
+        convert_report = env.pop("_convert_report", None)  # nntile: what convert() made of the model, dense ops seen
         res["env"].update(env)
+        if BUILT:
+            res["env"]["model"] = dict(BUILT)
         res["gpus"] = gpus
         res["setup_s"] = time.perf_counter() - t0
         tiles = ""  # nntile: one copy of every live tile (what the out-of-memory check counts)
@@ -596,7 +680,7 @@ def run_attempt(spec, rank, world):
             tiles = f", tiles {stats()['tile_bytes'] / 2**30:.1f} GiB"
         print(f"setup: {res['setup_s']:.1f} s (weights built on {res['env'].get('init_device')}){tiles}", flush=True)
         per_rank = spec["batch"] // world if spec["backend"] in ("fsdp", "fsdp2", "deepspeed") else spec["batch"]
-        vocab = hf_config(spec["config"], spec["seq"]).vocab_size
+        vocab = CONFIGS[spec["config"]].vocab  # GPT-2's ids in every family (nanoGPT's padded rows never occur)
         times, losses = [], []
         if stats is not None:
             nt_mod = sys.modules["nntile_torch"]
@@ -613,9 +697,14 @@ def run_attempt(spec, rank, world):
             t = time.perf_counter()
             if slow is not None:
                 slow.begin(s)
+            before = stats() if stats is not None else None
             with nt_mod.task_trace() if tracing else contextlib.nullcontext() as records:
                 loss = step(ids)
                 value = float(loss.detach()) if torch.is_tensor(loss) else float(loss)  # a host wait, as when logging
+            if before is not None:  # nntile: the step's host waits (reading the loss is one) and tasks submitted
+                after = stats()
+                res.setdefault("host_waits", []).append(after["blocking_waits"] - before["blocking_waits"])
+                res.setdefault("tasks", []).append(after["tasks_submitted"] - before["tasks_submitted"])
             sync()
             if slow is not None:
                 slow.end()
@@ -634,7 +723,9 @@ def run_attempt(spec, rank, world):
             if stats is not None:
                 mem += f", peak tiles {stats()['peak_tile_bytes'] / 2**30:.1f} GiB"
             full_gc = f", full gc {gc_ms[-1]:.0f} ms" if gc_ms[-1] else ""
-            print(f"step {s}: {times[-1]:.3f} s, loss {value:.4f}{mem}, peak host {host:.1f} GiB{full_gc}", flush=True)
+            waits = f", {res['host_waits'][-1]} host waits, {res['tasks'][-1]} tasks" if before is not None else ""
+            print(f"step {s}: {times[-1]:.3f} s, loss {value:.4f}{mem}, peak host {host:.1f} GiB{full_gc}{waits}",
+                  flush=True)
             peaks = (host, monitor.peak / 2**30 if monitor is not None else 0.0)
             if warm.after_step(s, peaks, lambda flag: _on_any_rank(flag, device, world)):
                 print(f"step {s} still raised the peak memory by more than {warm.growth:.0%}: warm-up goes on "
@@ -673,11 +764,17 @@ def run_attempt(spec, rank, world):
             print(dispatch.report(res["dispatch"]), flush=True)
         timed = times[warm.steps:]
         res.update(step_s=statistics.median(timed), step_mean_s=statistics.mean(timed), step_times=times,
-                   gc_ms=gc_ms, losses=losses, loss=losses[-1], warmup_used=warm.steps)
+                   gc_ms=gc_ms, losses=losses, loss=losses[-1], warmup_used=warm.steps, first_step_s=times[0])
+        if "compile" in spec["flags"]:
+            # torch.compile compiles in the first step (forward and backward graphs) and again in any step that
+            # recompiles: what the warm-up steps took beyond a timed step is the compile time, kept apart
+            res["compile_s"] = round(sum(max(0.0, t - res["step_s"]) for t in times[:warm.steps]), 2)
         if phases is not None:
             res["phase_ms"] = phases[:len(times)]
         if stats is not None:
             res["env"]["nntile_stats"] = stats()
+        if convert_report is not None:
+            res["env"]["convert"] = convert_report()
     except Unavailable as e:
         res.update(status="unavailable", reason=str(e))
     except BaseException as e:  # noqa: BLE001  (anything else is recorded; the harness reads the file)

@@ -311,6 +311,9 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
 def _tile_parameters(m, c, swapped, init, home):
     """A layer norm module kept as it is: its weight and bias become tile parameters (one tile of c each)."""
     own = list(m.parameters(recurse=False))
+    # Ties are known by the parameters' ids before materialization (the caller keeps those alive): a materialized
+    # parameter dies once its tiles replace it, and a later module's could get its id and pass for tied to it.
+    ids = {pname: id(p) for pname, p in m.named_parameters(recurse=False)}
     if any(p.is_meta for p in own) and any(id(p) not in swapped for p in own):
         # A layer norm's usual start (weight 1, bias 0: nanoGPT's LayerNorm has no reset_parameters, and model
         # inits such as its _init_weights skip it), then init or reset_parameters where there is one.
@@ -324,14 +327,14 @@ def _tile_parameters(m, c, swapped, init, home):
             elif hasattr(m, "reset_parameters"):
                 m.reset_parameters()
     for pname, p in list(m.named_parameters(recurse=False)):
-        if id(p) in swapped:
-            setattr(m, pname, swapped[id(p)])
+        if ids[pname] in swapped:
+            setattr(m, pname, swapped[ids[pname]])
             continue
         t = nn.Parameter(TileTensor.empty((c,), (c,), p.device, name=pname, persistent=True),
                          requires_grad=p.requires_grad)
         with torch.no_grad():
             t.copy_(p)
-        swapped[id(p)] = t
+        swapped[ids[pname]] = t
         setattr(m, pname, t)
     m._register_state_dict_hook(_dense_state_dict)
 

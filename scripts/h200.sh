@@ -9,6 +9,9 @@
 # under $OUT/starpu14, its own STARPU_HOME (kernel models seeded from the carried 1.3.10 home, the same file format,
 # 45; no bus figures, so 1.4 calibrates the bus) and prebuilt extension key. An A/B in one call:
 #   bash scripts/h200.sh bench; STARPU_VERSION=1.4 bash scripts/h200.sh bench
+# The harness's model families and variants pass through BENCH_ARGS (plans joined by ';'), e.g.
+#   BENCH_ARGS="--model hf,hf-tanh --backend nntile,torch:compile,fsdp2:compile --config xl --steps 3" \
+#     bash scripts/h200.sh bench
 # Prepare the carry here first: bash scripts/prepare_carry.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/nntile_out}
@@ -31,6 +34,14 @@ export STARPU_HOME=$PWD/.starpu_home${tag:+_$tag} PYTHONUNBUFFERED=1
 # the commit the records name (this copy of the tree may carry a .git of an older commit): benchmarks/run.py
 [ -f .carry/code_commit ] && export BENCH_CODE_COMMIT=$(cat .carry/code_commit)
 mkdir -p "$STARPU_HOME"
+# torch.compile's kernels (the harness's compile variants; GPT-2 XL compiles for ~100 s the first time): a folder that
+# a warm machine keeps between calls, seeded from .carry/inductor (scripts/prepare_carry.sh, from the
+# inductor_cache.tgz a bench call returns)
+export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/nntile_inductor}
+if [ -d .carry/inductor ] && [ ! -f "$TORCHINDUCTOR_CACHE_DIR/.seeded" ]; then
+  mkdir -p "$TORCHINDUCTOR_CACHE_DIR" && cp -a .carry/inductor/. "$TORCHINDUCTOR_CACHE_DIR/" \
+    && touch "$TORCHINDUCTOR_CACHE_DIR/.seeded"
+fi
 if [ -z "$tag" ]; then
   [ -d .carry/starpu_home ] && cp -a .carry/starpu_home/. "$STARPU_HOME/"
 elif [ -d ".carry/starpu_home_$tag" ]; then
@@ -175,7 +186,13 @@ print('async_io compatible:', b.is_compatible(verbose=True)); b.load()" >"$OUT/d
       done
       python3 -m benchmarks.report $bdir 2>&1 | tee -a "$OUT/bench.log"
       # results.jsonl, results.md, plots, one log per attempt (one file: the device returns 8 at most)
-      tar czf "$OUT/bench.tgz" -C $bdir . ;;
+      tar czf "$OUT/bench.tgz" -C $bdir .
+      if [[ $args == *compile* ]] && [ -d "$TORCHINDUCTOR_CACHE_DIR" ]; then  # the compiled kernels, to carry next time
+        tar czf /tmp/inductor_cache.tgz --exclude=.seeded -C "$TORCHINDUCTOR_CACHE_DIR" . 2>/dev/null
+        size=$(stat -c %s /tmp/inductor_cache.tgz 2>/dev/null || echo 0)
+        if [ "$size" -le $(( ${INDUCTOR_TGZ_MAX_MB:-40} << 20 )) ]; then mv /tmp/inductor_cache.tgz "$OUT/"
+        else echo "inductor cache $(( size >> 20 )) MB: not returned (over INDUCTOR_TGZ_MAX_MB=${INDUCTOR_TGZ_MAX_MB:-40})"; fi
+      fi ;;
     mlp) python3 -m nntile_torch.examples.mlp --steps 100 --out "$OUT/mlp" 2>&1 | tr '\r' '\n' | tail -3; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac

@@ -8,6 +8,8 @@
 # StarPU 1.4 too, when built here (STARPU_VERSION=1.4 bash scripts/install_starpu.sh): .carry/starpu14, the library
 # without its debug info (1.8 of 14 MB), for `STARPU_VERSION=1.4 bash scripts/h200.sh ...`; STARPU14_HOME_TGZ: the
 # starpu14/starpu_home.tgz such a run returned (its models; without it, 1.4 starts from 1.3.10's kernel models).
+# INDUCTOR_TGZ: the inductor_cache.tgz a bench call with compile variants returned, unpacked into .carry/inductor
+# (scripts/h200.sh seeds TORCHINDUCTOR_CACHE_DIR from it: torch.compile then reuses its kernels).
 #   bash scripts/prepare_carry.sh [starpu_home.tgz [prebuilt_dir]]
 set -euo pipefail
 prefix=${STARPU_PREFIX:-/opt/nntile_torch/starpu-1.3.10}
@@ -31,6 +33,9 @@ if [ -f "$prefix14/lib/pkgconfig/starpu-1.4.pc" ]; then
 fi
 if [ $# -ge 1 ]; then rm -rf .carry/starpu_home && mkdir -p .carry/starpu_home && tar xzf "$1" -C .carry/starpu_home; fi
 if [ $# -ge 2 ] && [ -d "$2" ]; then mkdir -p .carry/prebuilt && cp -r "$2"/. .carry/prebuilt/; fi
+if [ -n "${INDUCTOR_TGZ:-}" ]; then
+  rm -rf .carry/inductor && mkdir -p .carry/inductor && tar xzf "$INDUCTOR_TGZ" -C .carry/inductor
+fi
 # The commit the GPU machine's copy comes from (it has no .git), for the harness's records: benchmarks/run.py's
 # own reading of it, written where that function looks when git is not there.
 rm -f .carry/code_commit

@@ -1,6 +1,8 @@
 """CPU smoke test of the benchmark harness: python -m benchmarks.run at the tiny config on every backend (each in
-its own process; those that cannot run here are recorded as unavailable with a reason), a capacity search that
-hits a (capped) out-of-memory, and python -m benchmarks.report on the results."""
+its own process; those that cannot run here are recorded as unavailable with a reason), each model family
+(hf, hf-tanh, nanogpt) on torch and nntile with the harness's optimizer and the script's own (useropt), the
+torch.compile variants, a capacity search that hits a (capped) out-of-memory, and python -m benchmarks.report on
+the results."""
 import json
 import math
 import os
@@ -16,15 +18,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A fixed warm-up (--max-warmup 1): the attempts' losses are compared step by step.
 TINY = ["--config", "tiny", "--precision", "tf32", "--batch", "4", "--seq", "32", "--steps", "2", "--warmup", "1",
         "--max-warmup", "1", "--cpu", "--timeout", "150"]
-FIELDS = ("machine", "backend", "variant", "config", "params", "layers", "hidden", "precision", "gpus", "batch", "seq",
-          "mode", "status", "reason", "tokens_per_s", "tflops", "mfu", "step_s", "peak_gpu_bytes", "peak_host_bytes",
-          "loss", "losses")
+FIELDS = ("machine", "backend", "variant", "model", "config", "params", "layers", "hidden", "precision", "gpus",
+          "batch", "seq", "mode", "status", "reason", "tokens_per_s", "tflops", "mfu", "step_s", "peak_gpu_bytes",
+          "peak_host_bytes", "loss", "losses", "numerics")
 
 
-def harness(*args, cwd):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=400,
-                       check=False)
+def harness(*args, cwd, timeout=400, **env_vars):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_vars)
+    r = subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                       timeout=timeout, check=False)
     assert r.returncode == 0, f"{args} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
     return r.stdout
 
@@ -56,6 +58,7 @@ def test_every_attempt_is_recorded_with_its_fields(bench):
         if r["status"] == "unavailable":
             assert r["reason"], r
         assert r["code_commit"] == code_commit() and r["code_commit"], r["code_commit"]
+        assert r["model"] == "hf"
     # One progress line per attempt, then the table.
     progress = [ln for ln in bench["stdout"].splitlines() if ln.startswith("[")]
     assert len(progress) == 7 and all(" ok: " in ln or " unavailable: " in ln for ln in progress), progress
@@ -79,6 +82,11 @@ def test_torch_and_nntile_train_the_same_model_on_the_same_batches(bench):
     for a, b in zip(t["losses"], n["losses"]):
         assert abs(a - b) <= 1e-4, (t["losses"], n["losses"])
     assert n["env"]["tile_size"] >= 3 * 64 and n["env"]["batch_tile_size"] == 32 and n["env"]["starpu"]
+    assert t["numerics"] == {"matmul": "tf32", "master": "fp32", "moments": "fp32"}
+    assert n["numerics"] == {"matmul": "tf32", "master": "fp32", "moments": "fp32", "by": "the memory plan"}
+    # nt.optim.AdamW's step waits for nothing: the one host wait of a step is the harness reading the loss
+    assert n["host_waits"] == [1, 1, 1] and all(k > 0 for k in n["tasks"])
+    assert n["env"]["convert"]["dense"] == [] and n["env"]["convert"]["dense_ops"] == {}
 
 
 def test_sharded_backends_match_torch_or_say_why_not(bench):
@@ -95,6 +103,104 @@ def test_sharded_backends_match_torch_or_say_why_not(bench):
     for b in ("fsdp", "fsdp2"):
         r = bench["by"]["throughput", b, "offload"]
         assert r["status"] == "unavailable" and "GPU" in r["reason"]
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    """hf-tanh and nanogpt (hf is the bench fixture's) on torch and nntile, with the harness's optimizer and with
+    the script's own (useropt)."""
+    out = tmp_path_factory.mktemp("families")
+    harness("benchmarks.run", "--model", "hf-tanh,nanogpt", "--backend",
+            "torch,torch:useropt,nntile,nntile:useropt,nntile:fp32state", *TINY, "--out", str(out), cwd=out)
+    recs = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    return {(r["model"], r["backend"], r["variant"]): r for r in recs}
+
+
+@pytest.mark.parametrize("model", ["hf-tanh", "nanogpt"])
+def test_each_model_family_trains_the_same_on_torch_and_nntile(families, model):
+    from benchmarks.configs import model_vocab
+    runs = {k[1:]: r for k, r in families.items() if k[0] == model}
+    assert set(runs) == {("torch", "plain"), ("torch", "useropt"), ("nntile", "plain"), ("nntile", "useropt"),
+                         ("nntile", "fp32state")}
+    for (b, v), r in runs.items():
+        assert r["status"] == "ok", f"{model} {b}:{v}: {r['reason']}"
+        assert r["params"] == param_count("tiny", 32, model) == r["env"]["params_counted"]
+        assert r["vocab"] == model_vocab("tiny", model) == 256  # nanoGPT pads to a multiple of 64: 256 stays
+        assert len(r["losses"]) == 3 and 4.5 < r["losses"][0] < 6.5
+        assert r["numerics"]["master"] == r["numerics"]["moments"] == "fp32"
+    for v, w in (("plain", "plain"), ("useropt", "useropt"), ("plain", "fp32state")):
+        t, n = runs["torch", v], runs["nntile", w]  # same weights, ids and optimizer: the same losses (fp32, CPU)
+        assert max(abs(a - b) for a, b in zip(t["losses"], n["losses"])) <= 1e-4, (w, t["losses"], n["losses"])
+    assert runs["nntile", "fp32state"]["env"]["plan"]["state_dtype"] == "float32"
+    assert runs["nntile", "fp32state"]["numerics"]["by"] == "the memory plan"
+    # useropt is another optimizer (nanoGPT's groups and betas, clipping): the same first loss, then others
+    assert runs["torch", "useropt"]["losses"][0] == pytest.approx(runs["torch", "plain"]["losses"][0], abs=1e-6)
+    assert abs(runs["torch", "useropt"]["losses"][2] - runs["torch", "plain"]["losses"][2]) > 1e-6
+    assert "clip_grad_norm_" in runs["nntile", "useropt"]["env"]["optimizer"]
+    assert "clip_grad_norm_" in runs["torch", "useropt"]["env"]["optimizer"]
+    assert runs["nntile", "plain"]["env"]["optimizer"] == "nntile_torch.optim.AdamW"
+    # convert() left nothing dense (the script's own optimizer runs outside the model: not counted there)
+    for v in ("plain", "useropt"):
+        assert runs["nntile", v]["env"]["convert"]["dense"] == []
+        assert len(runs["nntile", v]["host_waits"]) == 3
+
+
+def test_hf_tanh_is_the_same_model_as_hf(bench, families):
+    """gelu_pytorch_tanh is gelu_new's function in one kernel: the same weights and losses up to rounding."""
+    hf, tanh = bench["by"]["throughput", "torch", "plain"], families["hf-tanh", "torch", "plain"]
+    assert hf["params"] == tanh["params"]
+    assert max(abs(a - b) for a, b in zip(hf["losses"], tanh["losses"])) <= 1e-4
+
+
+def test_every_model_family_converts_strictly_on_cpu():
+    """nt.convert(strict=True) takes each family whole (nothing left as torch code) and gives torch's loss and
+    gradients (fp32 on the CPU)."""
+    import torch
+
+    import nntile_torch as nt
+    from benchmarks import models
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    for model in models.MODELS:
+        torch.manual_seed(0)
+        dense = models.build(model, "tiny", 32)
+        ref = models.build(model, "tiny", 32)
+        ref.load_state_dict(dense.state_dict())
+        converted = nt.convert(dense, strict=True)
+        loss, want = models.loss(model, converted, ids), models.loss(model, ref, ids)
+        loss.backward()
+        want.backward()
+        assert float(loss.detach()) == pytest.approx(float(want.detach()), abs=1e-5), model
+        report = nt.convert_report(converted)
+        assert report.all_tiled, (model, str(report))
+        got = dict(converted.named_parameters())
+        for name, p in ref.named_parameters():
+            g = got[name].grad
+            g = g.materialize() if hasattr(g, "materialize") else g
+            assert torch.allclose(g, p.grad, atol=1e-5), (model, name)
+
+
+def test_compile_variants_run_and_time_their_compile_apart(tmp_path):
+    """torch.compile on torch (whole model), fsdp2 (per block, then fully_shard) and fsdp (the FSDP1 model), here on
+    the CPU (inductor's C++ backend): the same losses as eager torch, the compile time recorded as compile_s beside
+    the step time, its kernels in TORCHINDUCTOR_CACHE_DIR."""
+    cache = tmp_path / "inductor"
+    harness("benchmarks.run", "--model", "nanogpt", "--backend",
+            "torch,torch:compile,fsdp2:compile,fsdp:compile+useropt",
+            *TINY, "--timeout", "400", "--out", str(tmp_path), cwd=tmp_path, timeout=1500,
+            TORCHINDUCTOR_CACHE_DIR=str(cache))
+    recs = {(r["backend"], r["variant"]): r for r in
+            (json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines())}
+    eager = recs["torch", "plain"]
+    assert eager["status"] == "ok" and "compile_s" not in eager and "compile" not in eager["env"]
+    for key in (("torch", "compile"), ("fsdp2", "compile"), ("fsdp", "compile+useropt")):
+        r = recs[key]
+        assert r["status"] == "ok", (key, r["reason"])
+        assert r["env"]["compile"]["inductor_cache"] == str(cache)
+        assert r["compile_s"] > 0 and r["first_step_s"] > r["step_s"]
+        assert r["losses"][0] == pytest.approx(eager["losses"][0], abs=1e-4)
+    for key in (("torch", "compile"), ("fsdp2", "compile")):  # the same optimizer as eager: every step alike
+        assert max(abs(a - b) for a, b in zip(recs[key]["losses"], eager["losses"])) <= 1e-4
+    assert any(cache.iterdir())  # the compiled kernels are kept there
 
 
 def test_capacity_search_stops_at_the_first_failure(bench):
@@ -208,6 +314,47 @@ def test_report_writes_table_and_plots(bench):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_sets_nntile_beside_each_peers_fastest_variant_with_numerics():
+    """Per model family: every nntile variant, each peer's fastest variant, numerics other than fp32 in bold with the
+    plan named; records from before the model and numerics fields read as Hugging Face's model, their numerics
+    from the variant or the plan."""
+    from benchmarks.report import numerics_text, peers, peers_table, throughput_table
+    base = {"mode": "throughput", "config": "xl", "params": 1557611200, "precision": "bf16", "gpus": 1, "batch": 8,
+            "seq": 1024, "status": "ok", "step_s": 0.3, "warmup": 2, "warmup_used": 2}
+    fp32 = {"matmul": "bf16", "master": "fp32", "moments": "fp32"}
+
+    def row(backend, variant, tokens, model="hf", **kw):
+        return dict(base, backend=backend, variant=variant, model=model, tokens_per_s=tokens,
+                    **{"numerics": fp32, **kw})
+    rows = [row("nntile", "plain", 28000.0, numerics=dict(fp32, by="the memory plan"), host_waits=[9, 9, 1, 1, 2]),
+            row("torch", "plain", 23000.0), row("torch", "compile", 38900.0, compile_s=95.2),
+            row("fsdp2", "plain", 25000.0), row("fsdp2", "compile", 24000.0),
+            row("nntile", "useropt", 9900.0, model="nanogpt"),
+            row("torch", "compile+useropt", 42900.0, model="nanogpt"),
+            row("fsdp", "plain", 20000.0, model="hf-tanh"),  # no nntile row: no group
+            row("deepspeed", "offload", 1.0, status="error")]
+    groups = peers(rows)
+    assert [(g[0][0], [(r["backend"], r["variant"]) for r in g[1]]) for g in groups] == [
+        ("hf", [("torch", "compile"), ("nntile", "plain"), ("fsdp2", "plain")]),
+        ("nanogpt", [("torch", "compile+useropt"), ("nntile", "useropt")])]
+    table = peers_table(groups)
+    assert "| torch | compile (fastest of 2) | master fp32, moments fp32 | 38,900 | 0.300 | 95 | - | 1.00x |" in table
+    assert "| nntile | plain | master fp32, moments fp32 (plan) | 28,000 | 0.300 | - | 2 | 0.72x |" in table
+    assert "| nanogpt | xl bf16 | 1 | 8 x 1024 | nntile | useropt |" in table and "| 0.23x |" in table
+    # the plan's compact numerics, in the row; older records without the field
+    compact = row("nntile", "plain", 1.0, numerics={"matmul": "bf16", "master": "bf16 (blocks' matmul weights)",
+                                                    "moments": "bf16", "by": "the memory plan"})
+    assert numerics_text(compact) == "master **bf16 (blocks' matmul weights)**, moments **bf16** (plan)"
+    old = {k: v for k, v in row("nntile", "bf16state+stepbwd", 1.0).items() if k not in ("model", "numerics")}
+    assert numerics_text(old) == "master fp32, moments **bf16**"
+    old_plan = dict(old, variant="plain", env={"plan": {"state_dtype": "bfloat16", "master_dtype": "float32"}})
+    assert numerics_text(old_plan) == "master fp32, moments **bf16** (plan)"
+    assert numerics_text({k: v for k, v in row("fsdp2", "plain", 1.0).items() if k != "numerics"}) == \
+        "master fp32, moments fp32"
+    assert "| hf | xl | 1.56B | nntile | bf16state+stepbwd | bf16 | master fp32, moments **bf16** |" in \
+        throughput_table([old])
+
+
 def test_table_shows_a_mean_the_median_hides_and_a_longer_warm_up():
     from benchmarks.report import throughput_table
     base = {"config": "xl", "params": 1557611200, "backend": "nntile", "variant": "plain", "precision": "bf16",
@@ -234,11 +381,46 @@ def test_backend_and_variant_parsing():
         parse_backends("nntile:hostckpt+ckpt", None)
     with pytest.raises(ValueError, match="unknown backend"):
         parse_backends("megatron", None)
+    assert parse_backends("torch:compile+useropt,fsdp:compile,fsdp2:useropt+compile,nntile:useropt", None) == [
+        ("torch", "compile+useropt"), ("fsdp", "compile"), ("fsdp2", "compile+useropt"), ("nntile", "useropt")]
+    assert parse_backends("nntile:useropt+ckpt", None) == [("nntile", "ckpt+useropt")]  # by hand: no plan
+    with pytest.raises(ValueError, match="torch.optim.AdamW"):
+        parse_backends("nntile:useropt+bf16state", None)  # moments of nt.optim.AdamW's
+    with pytest.raises(ValueError, match="no variant flag"):
+        parse_backends("nntile:compile", None)
+    assert parse_backends("nntile:fp32state", None) == [("nntile", "fp32state")]  # the plan held to fp32 numerics
+    with pytest.raises(ValueError, match="one of them"):
+        parse_backends("nntile:fp32state+bf16master", None)
+    with pytest.raises(ValueError, match="change the memory plan"):
+        parse_backends("nntile:fp32state+bf16state", None)
+    with pytest.raises(ValueError, match="no variant flag"):
+        parse_backends("deepspeed:compile", None)
     assert machine_name("NVIDIA H200") == "h200" and machine_name("NVIDIA H100 80GB HBM3") == "h100"
     assert machine_name(None) == "cpu"
     # Exact counts of the named shapes (tied LM head), e.g. GPT-2 small and XL.
     assert param_count("gpt2", 1024) == 124_439_808 and param_count("xl", 1024) == 1_557_611_200
     assert CONFIGS["20b"].heads == 48 and 19e9 < param_count("20b", 1024) < 21e9
+    # nanoGPT's vocab: GPT-2's padded to 50304, the rest the same
+    assert param_count("xl", 1024, "nanogpt") == 1_557_611_200 + (50304 - 50257) * 1600
+    assert param_count("xl", 1024, "hf-tanh") == param_count("xl", 1024)
+
+
+def test_model_and_compile_options_are_checked():
+    from benchmarks.run import parse_args
+    assert parse_args([]).models == ["hf"]
+    assert parse_args(["--model", "hf, nanogpt"]).models == ["hf", "nanogpt"]
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "llama"])
+    with pytest.raises(SystemExit):  # the first step compiles: it must not be timed
+        parse_args(["--backend", "torch:compile", "--warmup", "0"])
+    assert parse_args(["--backend", "torch:compile", "--warmup", "1"]).pairs == [("torch", "compile")]
+
+
+def test_dry_run_lists_every_model(tmp_path):
+    dry = harness("benchmarks.run", "--backend", "nntile,torch:compile", "--model", "hf,nanogpt", "--config", "xl",
+                  "--dry-run", cwd=tmp_path)
+    assert dry.splitlines() == ["nntile:plain hf xl bf16", "torch:compile hf xl bf16", "nntile:plain nanogpt xl bf16",
+                                "torch:compile nanogpt xl bf16"]
 
 
 def test_nntile_meta_build_and_bf16_state_variant(tmp_path):
@@ -246,12 +428,15 @@ def test_nntile_meta_build_and_bf16_state_variant(tmp_path):
     Face's init; bf16state: AdamW with bf16 moments; offload: those updates on CPU workers. Trains from about
     ln(vocab); other backends refuse meta."""
     harness("benchmarks.run", "--backend", "nntile:stepbwd+bf16state+offload,torch", *TINY, "--init-device", "meta",
-            "--offload-fraction", "0.5", "--out", str(tmp_path), cwd=tmp_path)
-    n, t = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
-    assert (n["backend"], n["variant"], n["status"]) == ("nntile", "bf16state+offload+stepbwd", "ok"), n["reason"]
-    assert n["env"]["init_device"] == "meta" and n["env"]["params_counted"] == n["params"]
-    assert 5.0 < n["losses"][0] < 6.1 and all(math.isfinite(v) for v in n["losses"])
-    assert t["status"] == "unavailable" and "nntile only" in t["reason"]
+            "--offload-fraction", "0.5", "--model", "hf,nanogpt", "--out", str(tmp_path), cwd=tmp_path)
+    recs = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert [r["model"] for r in recs] == ["hf", "hf", "nanogpt", "nanogpt"]
+    for n, t in (recs[:2], recs[2:]):  # each family's own init, module by module
+        assert (n["backend"], n["variant"], n["status"]) == ("nntile", "bf16state+offload+stepbwd", "ok"), n["reason"]
+        assert n["env"]["init_device"] == "meta" and n["env"]["params_counted"] == n["params"]
+        assert 5.0 < n["losses"][0] < 6.1 and all(math.isfinite(v) for v in n["losses"])
+        assert n["numerics"]["moments"] == "bf16" and "by" not in n["numerics"]
+        assert t["status"] == "unavailable" and "nntile only" in t["reason"]
 
 
 def test_a_stall_report_is_the_reason_of_a_failed_attempt():

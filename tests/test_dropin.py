@@ -168,16 +168,23 @@ def test_default_tiles_keep_every_layer_in_tiles(kind, device):
     assert abs(loss.item() - step(ref, ids).item()) < 1e-4
 
 
-def test_nanogpt_built_on_meta_converts_with_its_own_init(device):
+@pytest.mark.parametrize("bias", [False, True], ids=["bias=False", "bias=True"])
+def test_nanogpt_built_on_meta_converts_with_its_own_init(device, bias):
     """nanoGPT built on the meta device and converted with its _init_weights: its LayerNorms (no
-    reset_parameters, skipped by _init_weights) start at weight 1, bias 0, as built on a device; the model trains."""
-    cfg = nanogpt_model.GPTConfig(block_size=32, vocab_size=101, n_layer=2, n_head=4, n_embd=64, bias=False)
+    reset_parameters, skipped by _init_weights) start at weight 1, bias 0, as built on a device, each with
+    parameters of its own (ties are matched by the ids of the meta parameters: a materialized one's id, reused
+    once it was replaced by its tiles, once tied later LayerNorms to earlier ones); the model trains."""
+    cfg = nanogpt_model.GPTConfig(block_size=32, vocab_size=101, n_layer=2, n_head=4, n_embd=64, bias=bias)
     with torch.device("meta"):
         meta = nanogpt_model.GPT(cfg)
+    names = [n for n, _ in meta.named_parameters()]
     ours = nt.convert(meta, strict=True, init=meta._init_weights, init_device=device, **TILES)
     assert not any(p.is_meta for p in ours.parameters())
+    assert [n for n, _ in ours.named_parameters()] == names  # one tie only: the head and the token embedding
     ln = ours.transformer.h[1].ln_2
-    assert ln.bias is None and torch.equal(dense(ln.weight).cpu(), torch.ones(64))
+    assert (ln.bias is None) != bias and torch.equal(dense(ln.weight).cpu(), torch.ones(64))
+    if bias:
+        assert torch.equal(dense(ln.bias).cpu(), torch.zeros(64))
     w = dense(ours.transformer.h[0].mlp.c_fc.weight)
     assert abs(w.std().item() - 0.02) < 0.003
     ids = torch.randint(0, 101, (3, 33), device=device)
