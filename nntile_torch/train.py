@@ -174,6 +174,13 @@ def _alive(pid):
     return True
 
 
+def _stop_at_nonfinite(value, step, args):
+    where = (f"; the checkpoint {args.checkpoint} is as it was: resume from it (--resume), with a lower --lr"
+             if args.checkpoint else "")
+    raise SystemExit(f"nntile_torch.train: the loss is {value} at step {step}; stopping before its update (no weight "
+                     f"or optimizer state changed){where}")
+
+
 def save_checkpoint(path, model, opt, step, log):
     """The model's and optimizer's state, the step and the log, saved atomically (atomic_save)."""
     atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "log": log}, path)
@@ -332,9 +339,18 @@ def main(argv=None):
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = hf_loss(model, ids)
+        # A NaN or inf loss must change nothing: its value is read before any update (before the backward when the
+        # updates run inside it), and the run stops with the model, the optimizer and the checkpoint as they were.
+        value = loss.item() if opt.step_in_backward else None
+        if value is not None and not math.isfinite(value):
+            _stop_at_nonfinite(value, step, args)
         loss.backward()
+        if value is None:
+            value = loss.item()
+            if not math.isfinite(value):
+                opt.zero_grad()
+                _stop_at_nonfinite(value, step, args)
         opt.step()
-        value = loss.item()
         dt = time.perf_counter() - t0
         rec = {"step": step, "loss": value, "tokens_per_s": tokens / dt}
         for key, ref_model, loss_fn, ref_opt in references:  # after dt: tokens/s measures the converted model alone
@@ -346,8 +362,6 @@ def main(argv=None):
             ref_opt.step()
             rec[key] = ref_loss.item()
         log.append(rec)
-        if not math.isfinite(value):
-            raise SystemExit(f"loss became {value} at step {step}; stopping (no checkpoint written)")
         post = {"loss": f"{value:.4f}", "tok/s": f"{rec['tokens_per_s']:.0f}"}
         if "torch_loss" in rec:
             post["torch"] = f"{rec['torch_loss']:.4f}"

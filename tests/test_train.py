@@ -1,5 +1,6 @@
 """The training CLI: runs, logs, plots, checkpoints atomically and resumes onto the same trajectory."""
 import json
+import math
 import os
 
 import pytest
@@ -150,3 +151,37 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temporary_file(tmp_
     with pytest.raises(RuntimeError, match="cannot pickle"):
         train.atomic_save({"step": 2, "bad": Unpicklable()}, ck)
     assert torch.load(ck)["step"] == 1 and os.listdir(tmp_path) == ["ckpt.pt"]
+
+
+@pytest.mark.parametrize("mode", [[], ["--step-in-backward"]], ids=["updates=step", "updates=in-backward"])
+def test_a_nonfinite_loss_stops_the_run_before_its_update(tmp_path, monkeypatch, mode):
+    """A NaN loss (here at step 2) stops the CLI with a clear message before any weight or optimizer state takes
+    it (before the backward when the updates run inside it); the checkpoint of step 2 stays, finite, and resuming from
+    it continues the run. The CLI stepped first and read the loss after, with the weights already NaN."""
+    import torch
+    nt = pytest.importorskip("nntile_torch")
+    real_loss, real_step = train.hf_loss, nt.optim.AdamW.step
+    calls = {"loss": 0, "step": 0}
+
+    def poisoned(model, ids):
+        calls["loss"] += 1
+        loss = real_loss(model, ids)
+        return loss * float("nan") if calls["loss"] == 3 else loss
+
+    def counted(self, *args, **kwargs):
+        calls["step"] += 1
+        return real_step(self, *args, **kwargs)
+    monkeypatch.setattr(train, "hf_loss", poisoned)
+    monkeypatch.setattr(nt.optim.AdamW, "step", counted)
+    ck = tmp_path / "ckpt.pt"
+    args = COMMON[:1] + ["4"] + COMMON[2:] + mode + ["--checkpoint", str(ck), "--checkpoint-every", "1",
+                                                     "--out", str(tmp_path / "a")]
+    with pytest.raises(SystemExit, match=r"the loss is nan at step 2; stopping before its update .* is as it was"):
+        train.main(args)
+    if not mode:
+        assert calls["step"] == 2  # steps 0 and 1; with updates in backward step() only finishes them
+    saved = torch.load(ck, map_location="cpu", weights_only=False)
+    assert saved["step"] == 2 and all(torch.isfinite(v).all() for v in saved["model"].values())
+    monkeypatch.setattr(train, "hf_loss", real_loss)
+    resumed = train.main(args[:-2] + ["--resume", str(ck), "--out", str(tmp_path / "b")])
+    assert [r["step"] for r in resumed] == [0, 1, 2, 3] and all(math.isfinite(r["loss"]) for r in resumed)
