@@ -14,6 +14,7 @@ drift apart later, both equally valid. --compare-fp64 says whether the converted
 it measures how far each fp32 curve strays from the float64 one.
 """
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -125,12 +126,64 @@ def float64_loss(model, ids):
     return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
 
 
-def save_checkpoint(path, model, opt, step, log):
-    """Writes to a temporary file, then renames: a crash leaves the previous checkpoint whole."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+def atomic_save(obj, path):
+    """torch.save(obj, path), atomically (atomic_write)."""
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write(path, write):
+    """write(f) into a binary file f that becomes `path`, such that `path` is always a whole file: the previous one,
+    or the new one once complete. Written to a temporary file in the same directory, flushed to the disk (fsync),
+    renamed over `path` (os.replace:
+    atomic on POSIX), and the rename itself flushed (fsync of the directory). A process killed while saving (SIGKILL,
+    the OOM killer, a power cut after the rename is on disk) leaves the previous checkpoint loadable; the temporary
+    files such a process leaves are removed by the next save."""
+    path = os.path.abspath(os.fspath(path))
+    folder, name = os.path.split(path)
+    os.makedirs(folder, exist_ok=True)
+    for old in os.listdir(folder):  # leftovers of saves killed midway (their process is gone)
+        pid = old[len(name) + 5:] if old.startswith(name + ".tmp.") else ""
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, old))
     tmp = f"{path}.tmp.{os.getpid()}"
-    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "log": log}, tmp)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def _stop_at_nonfinite(value, step, args):
+    where = (f"; the checkpoint {args.checkpoint} is as it was: resume from it (--resume), with a lower --lr"
+             if args.checkpoint else "")
+    raise SystemExit(f"nntile_torch.train: the loss is {value} at step {step}; stopping before its update (no weight "
+                     f"or optimizer state changed){where}")
+
+
+def save_checkpoint(path, model, opt, step, log):
+    """The model's and optimizer's state, the step and the log, saved atomically (atomic_save)."""
+    atomic_save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "log": log}, path)
 
 
 PAIRS = {  # name in the log's "deviations" -> the two per-step losses it compares
@@ -286,9 +339,18 @@ def main(argv=None):
         t0 = time.perf_counter()
         opt.zero_grad()
         loss = hf_loss(model, ids)
+        # A NaN or inf loss must change nothing: its value is read before any update (before the backward when the
+        # updates run inside it), and the run stops with the model, the optimizer and the checkpoint as they were.
+        value = loss.item() if opt.step_in_backward else None
+        if value is not None and not math.isfinite(value):
+            _stop_at_nonfinite(value, step, args)
         loss.backward()
+        if value is None:
+            value = loss.item()
+            if not math.isfinite(value):
+                opt.zero_grad()
+                _stop_at_nonfinite(value, step, args)
         opt.step()
-        value = loss.item()
         dt = time.perf_counter() - t0
         rec = {"step": step, "loss": value, "tokens_per_s": tokens / dt}
         for key, ref_model, loss_fn, ref_opt in references:  # after dt: tokens/s measures the converted model alone
@@ -300,8 +362,6 @@ def main(argv=None):
             ref_opt.step()
             rec[key] = ref_loss.item()
         log.append(rec)
-        if not math.isfinite(value):
-            raise SystemExit(f"loss became {value} at step {step}; stopping (no checkpoint written)")
         post = {"loss": f"{value:.4f}", "tok/s": f"{rec['tokens_per_s']:.0f}"}
         if "torch_loss" in rec:
             post["torch"] = f"{rec['torch_loss']:.4f}"
@@ -317,8 +377,7 @@ def main(argv=None):
     summary = {"args": vars(args), "device": device, "parameters": params,
                "nntile": {k: v for k, v in nt.info().items() if k != "settings"}, "stats": nt.stats(),
                "deviations": devs, "steps": log}
-    with open(os.path.join(args.out, "log.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    atomic_write(os.path.join(args.out, "log.json"), lambda f: f.write(json.dumps(summary, indent=1).encode()))
     plot(log, os.path.join(args.out, "loss.png"),
          f"GPT-2 {args.model}, {params / 1e6:.1f}M params, {args.precision}, {device}")
     if log:
