@@ -5,9 +5,11 @@ anything is allocated, when a model fits nowhere.
 
     plan = nt.plan(model, batch=16, seq=1024, precision="bf16")   # the model as built, converted or not (meta too)
     print(plan)                                                    # bytes per tier, traffic, predicted step time
-    plan.init()                                                    # nt.init with the plan's limits and workers
-    model = nt.convert(model, precision="bf16", plan=plan)         # + checkpointing and the streaming hooks
-    opt = nt.optim.AdamW(model.parameters(), lr=3e-4, plan=plan)   # + state dtype, in-backward and host updates
+    model = plan.apply(model, init=model._init_weights)            # nt.init with the plan's limits and workers,
+                                                                   # nt.convert, checkpointing, the streaming hooks
+    opt = plan.optimizer(model.parameters(), lr=3e-4)              # AdamW: state dtype, in-backward, host updates
+
+(The same by parts, as before plan.apply: plan.init(); nt.convert(model, plan=plan); nt.optim.AdamW(..., plan=plan).)
 
 Placement is by whole blocks: the last blocks of the model are the ones whose state (fp32 master weights, AdamW
 moments, bf16 copies) lives in host RAM between steps (their gradients arrive first in the backward and the next
@@ -348,10 +350,11 @@ class MemoryPlan:
     def init(self, **overrides):
         """Starts the runtime with the plan's settings (nt.init): the memory limits given to nt.plan (gpu_memory,
         host_memory, disk_limit: a disk node needs disk_path=... here), the workers and the submission window;
-        `overrides` are nt.init's arguments and win. A running runtime is kept when it has the plan's limits; with
-        others, RuntimeError (the plan would count on memory StarPU does not have, or leave unused)."""
+        `overrides` are nt.init's arguments and win, except those given as None (which leave the plan's value, so
+        that a caller can pass its own optional settings through). A running runtime is kept when it has the plan's
+        limits; with others, RuntimeError (the plan would count on memory StarPU does not have, or leave unused)."""
         from . import _C, runtime
-        kw = {**self.init_kwargs(), **overrides}
+        kw = {**self.init_kwargs(), **{k: v for k, v in overrides.items() if v is not None}}
         if kw.get("disk_limit") is not None and kw.get("disk_path") is None:
             raise ValueError(f"the plan counts on a disk node of {format_bytes(kw['disk_limit'])} (disk_limit): pass "
                              "its directory, plan.init(disk_path=...)")
@@ -385,7 +388,26 @@ class MemoryPlan:
                 kw["offload_update"] = [p for p in params if param_state(p).name in on_cpu]
         return kw
 
-    def apply(self, model):
+    def apply(self, model, **convert_kwargs):
+        """The one call that puts the plan to work on `model` (as given to nt.plan: dense, on any device, or on meta
+        with init=...): starts the runtime with the plan's settings unless it runs already (plan.init(); call it
+        first for a disk node's directory or other nt.init arguments), converts the model at the plan's precision
+        (nt.convert(model, plan=self, **convert_kwargs): tile_size, batch_tile_size, init, init_device, ...) with the
+        plan's checkpointing and streaming hooks, and returns it. Then plan.optimizer(model.parameters(), lr=...)."""
+        from . import _C
+        from .convert import convert
+        if not _C.running():
+            self.init()
+        return convert(model, plan=self, **convert_kwargs)
+
+    def optimizer(self, params, **adamw_kwargs):
+        """nt.optim.AdamW over `params` (the converted model's parameters) with the plan's choices: moments' dtype,
+        updates inside backward, the host blocks' parameters and where they are updated. `adamw_kwargs` are AdamW's
+        (lr, betas, weight_decay, ...); a placement argument given must agree with the plan's (ValueError)."""
+        from .optim import AdamW
+        return AdamW(params, plan=self, **adamw_kwargs)
+
+    def install(self, model):
         """Checkpointing and the streaming hooks on a converted model (nt.convert(..., plan=plan) calls it)."""
         from .param import param_state
         from .streaming import install

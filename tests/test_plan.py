@@ -345,6 +345,49 @@ def test_plan_init_applies_the_capacities_given_to_the_plan(tmp_path):
     assert "refused nntile_torch is running with other memory limits" in out and "'host_memory_limit'" in out, out
 
 
+def test_plan_apply_starts_the_runtime_with_the_plans_settings_and_converts():
+    """plan.apply(model) alone: the runtime started with the plan's limits (as plan.init() would), the model converted
+    at the plan's precision with its hooks, and plan.optimizer() an AdamW with the plan's choices."""
+    from conftest import run_python
+    code = (
+        "import torch, nntile_torch as nt\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))\n"
+        "plan = nt.plan(model, batch=2, seq=8, precision='tf32', host_memory='1GiB')\n"
+        "ours = plan.apply(model, tile_size=64)\n"
+        "opt = plan.optimizer(ours.parameters(), lr=1e-3)\n"
+        "print('limit', nt.info()['host_memory_limit_bytes'], type(ours[0]).__module__, nt.streamer(ours).plan is plan,\n"
+        "      type(opt).__name__, opt.state_dtype == plan.state_dtype)\n"
+        "ours(torch.randn(2, 8, 64)).sum().backward(); opt.step()\n"
+        "print('stepped')\n")
+    rc, out, err = run_python(code, 120, what="plan.apply")
+    assert rc == 0, err[-3000:]
+    assert f"limit {2**30} nntile_torch.nn.linear True AdamW True" in out and "stepped" in out, out
+
+
+def test_plan_apply_and_optimizer_train_as_the_three_calls_did(device):
+    """plan.apply(model, ...) and plan.optimizer(params, ...) give the model and optimizer of nt.convert(plan=) and
+    AdamW(plan=) (the spellings before them, still working): the same losses and weights, bit for bit, under a plan
+    with host blocks; a placement argument against the plan is refused by plan.optimizer as by AdamW."""
+    import warnings
+    plan = nt.plan(gpt2(n_layer=4), batch=4, seq=37, precision="bf16", gpu_memory="1GiB", host_blocks=2,
+                   checkpointing=True, state_dtype=torch.bfloat16, host_update="cpu")
+    ours = plan.apply(gpt2(n_layer=4, device=device), tile_size=384, batch_tile_size=37)
+    twin = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37, plan=plan)
+    assert nt.streamer(ours).plan is plan and nt.streamer(twin).plan is plan
+    if device == "cpu":
+        nt.streamer(ours).nodes = nt.streamer(twin).nodes = [0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # few CPU workers beside a GPU: a speed warning
+        opt = plan.optimizer(ours.parameters(), lr=1e-3)
+        opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-3, plan=plan)
+    assert opt.offload_update == opt_t.offload_update == "cpu"
+    assert _train(ours, opt, device=device) == _train(twin, opt_t, device=device)
+    for (n, a), b in zip(ours.named_parameters(), twin.parameters()):
+        assert torch.equal(a.materialize(), b.materialize()), n
+    with pytest.raises(ValueError, match="contradicts the plan"):
+        plan.optimizer(ours.parameters(), state_dtype=torch.float32)
+
+
 def test_plan_rejects_bad_arguments():
     model = gpt2(n_layer=2)
     with pytest.raises(ValueError, match="batch"):
