@@ -25,6 +25,8 @@ import os
 import torch
 from torch import nn
 
+from .costs import Costs, describe, language_model, residual_block
+
 GiB = 2**30
 
 
@@ -57,6 +59,9 @@ class ModelFacts:
     vocab: int
     inner: int
     blocks_path: str  # attribute path of the blocks' ModuleList, e.g. "transformer.h"
+    # the modules that may describe themselves (nntile_torch/costs.py), by where they run: ("front" | "head" | block
+    # index, module); the blocks themselves among them
+    modules: list = dataclasses.field(default_factory=list, repr=False)
 
     @property
     def n_params(self):
@@ -82,9 +87,65 @@ class ModelFacts:
             cached = self._sums = ([tuple(b) for b in blocks], tuple(rest), tails)
         return cached
 
+    def costs(self, precision, seq):
+        """The modules' descriptions (costs.describe) summed by where they run, per token: a StepCosts. Computed once
+        per (precision, seq): the plan weighs thousands of placements."""
+        cache = self.__dict__.setdefault("_costs", {})
+        if (precision, seq) not in cache:
+            if not self.modules and self.__dict__.get("_settled"):
+                raise ValueError(f"these facts were settled for sequences of {self._settled} tokens (got {seq})")
+            cache[precision, seq] = step_costs(self, precision, seq)
+        return cache[precision, seq]
 
-def _is_matmul_module(m):
-    return isinstance(m, nn.Linear) or type(m).__name__ in ("Conv1D", "Linear")
+    def settle(self, seq):
+        """Sums the descriptions for every precision at `seq` and lets go of the modules (a plan must not keep the
+        model it was made for alive: convert() replaces its modules, whose dense weights would stay)."""
+        from .config import PRECISIONS
+        for precision in PRECISIONS:
+            self.costs(precision, seq)
+        self.modules = []
+        self._settled = seq
+
+
+@dataclasses.dataclass
+class StepCosts:
+    """What the model's modules say they cost, summed, per token (costs.Costs for the fields)."""
+    blocks: list  # one Costs per block: its modules' and its own (the residual stream, its checkpoint)
+    front: Costs  # before the blocks and alive all step: the ids, the embeddings' output
+    head: Costs  # after the blocks: the final norm, the head, the logits (alive from the loss to the head's backward)
+
+    @property
+    def matmul_flops(self):
+        return sum(b.matmul_flops for b in self.blocks) + self.front.matmul_flops + self.head.matmul_flops
+
+    @property
+    def attention_flops(self):
+        return sum(b.attention_flops for b in self.blocks) + self.front.attention_flops + self.head.attention_flops
+
+
+def step_costs(facts, precision, seq):
+    """Sums the descriptions of facts.modules: per block, and outside the blocks before them (front) and after
+    them (head), with what a language model keeps outside its modules (costs.language_model: ids, logits). A block
+    that does not describe itself is a residual block over the model's width (costs.residual_block)."""
+    blocks = [Costs() for _ in range(facts.n_layer)]
+    described_blocks = set()
+    front, head = language_model(facts.width, facts.vocab, precision)
+    for where, m, is_block in facts.modules:
+        c = describe(m, precision, seq)
+        if is_block:
+            described_blocks.add(where)
+        if c is None:
+            continue
+        if where == "front":
+            front = front + c
+        elif where == "head":
+            head = head + c
+        else:
+            blocks[where] = blocks[where] + c
+    for b in range(facts.n_layer):
+        if b not in described_blocks:
+            blocks[b] = blocks[b] + residual_block(facts.width)
+    return StepCosts(blocks, front, head)
 
 
 def _find_blocks(model):
@@ -98,21 +159,31 @@ def _find_blocks(model):
 
 
 def model_facts(model):
-    """What the plan needs of a model: every parameter (ties counted once) with its block, and the widths."""
+    """What the plan needs of a model: every parameter (ties counted once) with its block and whether a matmul reads
+    it (the modules holding it say: costs.Costs.matmul_weights), the modules by where they run, and the widths."""
     found = _find_blocks(model)
     path, blocks = found if found else ("", [])
-    owners = {}  # id(param) -> modules holding it
-    for mname, m in model.named_modules():
-        for pname, p in m.named_parameters(recurse=False):
-            owners.setdefault(id(p), []).append((mname, pname, m))
+    read_by_matmul = set()  # id(param)
+    modules, past_blocks = [], False
+    for mname, m in model.named_modules():  # each module once, in the order they were registered
+        if path and (mname == path or mname.startswith(path + ".")):
+            if mname != path:
+                rest = mname[len(path) + 1:]
+                modules.append((int(rest.split(".", 1)[0]), m, "." not in rest))
+            past_blocks = True
+        else:
+            modules.append(("head" if past_blocks else "front", m, False))
+        own = describe(m, "fp32", 1)
+        for pname in (own.matmul_weights if own is not None else ()):
+            p = getattr(m, pname, None)
+            if isinstance(p, torch.Tensor) and p.dim() == 2:
+                read_by_matmul.add(id(p))
     params = []
     for name, p in model.named_parameters():
         block = -1
         if path and name.startswith(path + "."):
             block = int(name[len(path) + 1:].split(".", 1)[0])
-        held = owners.get(id(p), [])
-        matmul = p.dim() == 2 and any(_is_matmul_module(m) for _, _, m in held)
-        params.append(ParamInfo(name, p.numel(), block, matmul))
+        params.append(ParamInfo(name, p.numel(), block, id(p) in read_by_matmul))
     cfg = getattr(model, "config", None)
     embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding) or type(m).__name__ == "Embedding"]
     width = getattr(cfg, "n_embd", None) or getattr(cfg, "hidden_size", None)
@@ -125,26 +196,24 @@ def model_facts(model):
         mats = [p for p in model.parameters() if p.dim() == 2]
         width = min(min(p.shape) for p in mats) if mats else 1
     inner = getattr(cfg, "n_inner", None) or 4 * width
-    return ModelFacts(params, len(blocks), int(width), int(vocab or 0), int(inner), path)
+    return ModelFacts(params, len(blocks), int(width), int(vocab or 0), int(inner), path, modules)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Activation bytes per token at the step's peak, from what the tile Functions keep (functional.py): per block,
-# LayerNorm's input, each matmul's input (bf16 in bf16 mode), qkv and the attention output, GELU's input. The peak
+# Activation bytes per token at the step's peak, from what the modules say they keep (costs.py; GPT-2's: per block
+# LayerNorm's input, each matmul's input (bf16 in bf16 mode), qkv and the attention output, GELU's input). The peak
 # comes either at the head's backward (logits, their gradient and its bf16 copy beside every block's kept tensors)
 # or inside one block's backward (its gradients, and with checkpointing its recomputed tensors), not both: the
 # larger of the two counts. Against the H200's 13B at batch 32 (checkpointing): 41.9 GiB planned, 38.7 measured
 # (peak tiles less the persistent ones, gradients in flight included); the CPU's tests within 35% (test_plan.py).
 
 def activation_bytes(facts, batch, seq, precision, checkpointing):
-    c, f, v, L = facts.width, facts.inner, facts.vocab, facts.n_layer
-    x = 2 if precision == "bf16" else 4  # a matmul input kept for backward
-    kept = 4 * c + x * c + 12 * c + 4 * c + x * c + 4 * c + x * c + 4 * f + x * f  # one block, per token
-    grads = 12 * c + 4 * f + 4 * c  # one block's backward: gradients of qkv, GELU's input, the stream
-    head = 4 * c + x * c + 8 * v + x * v  # final norm; logits, their gradient and its bf16 copy
-    stored = 4 * c * L if checkpointing else kept * L  # block inputs only, or everything every block keeps
-    block = grads + (kept if checkpointing else 0)
-    return batch * seq * (stored + max(head, block) + 8 + 4 * c)  # ids, embedding output
+    c = facts.costs(precision, seq)
+    # block inputs only, or everything every block keeps
+    stored = sum(b.checkpoint for b in c.blocks) if checkpointing else sum(b.kept for b in c.blocks)
+    block = max((b.backward + (b.kept if checkpointing else 0) for b in c.blocks), default=0)
+    head = c.head.kept + c.head.backward
+    return batch * seq * (stored + max(head, block) + c.front.kept)
 
 
 @dataclasses.dataclass
@@ -548,7 +617,8 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
     act = activation_bytes(facts, -(-batch // gpus), seq, precision, opt.checkpointing)
     # checkpoints homed in host RAM: the GPU keeps those of the blocks around the one computing (lookahead ahead of
     # the recompute, the one in use, the one just done); each crosses PCIe once each way
-    ckpt_bytes = 4 * facts.width * facts.n_layer * -(-batch // gpus) * seq \
+    costs = facts.costs(precision, seq)
+    ckpt_bytes = sum(b.checkpoint for b in costs.blocks) * -(-batch // gpus) * seq \
         if opt.host_checkpoints and opt.checkpointing and cap.gpu_bytes else 0
     if ckpt_bytes:
         act -= ckpt_bytes - (lookahead + 2) * ckpt_bytes // max(1, facts.n_layer)
@@ -607,9 +677,9 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
             missing["host"] = spill - cap.disk_bytes
     # traffic and time per step
     tokens = batch * seq
-    matmul_params = tails[L][1] + rest_mm
-    flops = (6 + (2 if opt.checkpointing else 0)) * matmul_params * tokens \
-        + 12 * facts.n_layer * facts.width * seq * tokens * (4 / 3 if opt.checkpointing else 1)
+    # forward, backward (twice the forward), and with checkpointing the recompute (once more)
+    flops = (3 + (1 if opt.checkpointing else 0)) * costs.matmul_flops * tokens \
+        + 3 * costs.attention_flops * tokens * (4 / 3 if opt.checkpointing else 1)
     gpu_s = flops / rates.gemm(precision) / gpus \
         + rates.per_layer_token_width_s * facts.n_layer * tokens * facts.width * (4 / 3 if opt.checkpointing else 1) / gpus
     copy = 2 if precision == "bf16" and not bf16_master else 0  # the new bf16 copy an update writes
@@ -692,7 +762,10 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     if cpu_update_blocks is not None and (isinstance(cpu_update_blocks, bool) or not isinstance(cpu_update_blocks, int)
                                           or cpu_update_blocks < 0):
         raise ValueError(f"cpu_update_blocks must be an int >= 0 (got {cpu_update_blocks!r})")
-    facts = _facts or model_facts(model)
+    facts = _facts
+    if facts is None:
+        facts = model_facts(model)
+        facts.settle(seq)
     if _cap is not None:  # the capacity of the plan being explained, with one change (_fixes)
         cap = _cap
     else:

@@ -410,6 +410,105 @@ def test_activation_estimate_grows_as_the_model_keeps():
     assert activation_bytes(f, 8, 64, "bf16", False) < full
 
 
+def _gpt2_formula(L, c, f, v, batch, seq, precision, checkpointing):
+    """The activation bytes and FLOPs plan.py computed for every model before modules described themselves (GPT-2's
+    block written out), kept here as the reference the sums of the descriptions must equal on GPT-2."""
+    x = 2 if precision == "bf16" else 4
+    kept = 4 * c + x * c + 12 * c + 4 * c + x * c + 4 * c + x * c + 4 * f + x * f
+    grads = 12 * c + 4 * f + 4 * c
+    head = 4 * c + x * c + 8 * v + x * v
+    stored = 4 * c * L if checkpointing else kept * L
+    block = grads + (kept if checkpointing else 0)
+    act = batch * seq * (stored + max(head, block) + 8 + 4 * c)
+    return act
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_plan_summed_from_module_descriptions_equals_the_gpt2_formula(precision):
+    """GPT-2's modules describe themselves (nntile_torch/costs.py: LayerNorm, Conv1D, Linear, GPT-2's attention and
+    MLP, the block), before convert() and after: the plan's activation bytes, checkpoints and FLOPs summed from them
+    are, to the byte and the FLOP, those of the GPT-2 formula the plan used before."""
+    from nntile_torch.plan import model_facts
+    shapes = [(3, 96, 6, 1000, 1024), (48, 1600, 25, 50257, 1024), (44, 6144, 48, 50257, 1024)]
+    for L, c, h, v, seq in shapes:
+        f = model_facts(meta_gpt2(L, c, h, vocab=v))
+        costs = f.costs(precision, seq)
+        for batch, ckpt in ((1, False), (16, True), (3, False)):
+            assert activation_bytes(f, batch, seq, precision, ckpt) == _gpt2_formula(L, c, 4 * c, v, batch, seq,
+                                                                                      precision, ckpt)
+        assert costs.matmul_flops == 2 * sum(p.numel for p in f.params if p.matmul)
+        assert costs.attention_flops == 4 * L * c * seq
+        assert [b.checkpoint for b in costs.blocks] == [4 * c] * L
+    model = gpt2(n_layer=3)
+    before = model_facts(model)
+    nt.convert(model, precision=precision, tile_size=384, batch_tile_size=37)
+    after = model_facts(model)
+    assert [p.matmul for p in before.params] == [p.matmul for p in after.params]
+    for facts in (before, after):
+        assert facts.costs(precision, 37) == before.costs(precision, 37)
+        assert activation_bytes(facts, 3, 37, precision, False) == _gpt2_formula(3, 96, 384, 1000, 3, 37, precision,
+                                                                                 False)
+
+
+def test_a_new_module_form_brings_its_own_description(monkeypatch):
+    """A block with a module of a form the plan has never seen: a made-up gated projection with its own
+    plan_costs (a matmul keeping its input and its gate), and an RMSNorm-like torch module described by
+    register_form. The plan counts exactly what they say: their kept bytes in the activations, their FLOPs in the
+    GPU time, the gate's weight as a matmul weight (a bf16 copy in bf16 mode); a module that describes nothing costs
+    nothing."""
+    from torch import nn
+    from nntile_torch import costs as costs_mod
+    from nntile_torch.costs import Costs
+    from nntile_torch.plan import model_facts
+
+    class Gate(nn.Module):  # y = x * sigmoid(x @ W): keeps x and the gate
+        def __init__(self, width):
+            super().__init__()
+            self.weight = nn.Parameter(torch.empty(width, width))
+
+        def plan_costs(self, precision, seq):
+            w = self.weight.shape[0]
+            return Costs(kept=(2 if precision == "bf16" else 4) * w + 4 * w, backward=4 * w,
+                         matmul_flops=2 * w * w, matmul_weights=("weight",))
+
+    class RMSNorm(nn.Module):  # a torch module one cannot give a method: described by registration
+        def __init__(self, width):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(width))
+
+    monkeypatch.setattr(costs_mod, "_FORMS", list(costs_mod._FORMS))
+    costs_mod.register_form(lambda m: isinstance(m, RMSNorm), lambda m, precision, seq: Costs(kept=4 * m.weight.numel() + 4))
+
+    L, c, v, batch, seq = 4, 256, 500, 8, 128  # a small vocabulary: a block's backward, not the head, is the peak
+    base = meta_gpt2(L, c, 8, vocab=v)
+    extra = meta_gpt2(L, c, 8, vocab=v)
+    with torch.device("meta"):
+        for block in extra.transformer.h:
+            block.gate = Gate(c)
+            block.ln_2 = RMSNorm(c)  # in place of a LayerNorm (4 x width): 4 more bytes per token
+            block.plain = nn.Identity()  # describes nothing
+    f0, f1 = model_facts(base), model_facts(extra)
+    gate_names = {p.name for p in f1.params if p.name.endswith(".gate.weight")}
+    assert len(gate_names) == L and all(p.matmul for p in f1.params if p.name in gate_names)
+    for precision in ("fp32", "bf16"):
+        x = 2 if precision == "bf16" else 4
+        added = (x * c + 4 * c) + 4  # the gate's kept bytes, the norm's 4 more
+        # every block keeps them; the peak, in one block's backward, holds the gate's gradient too
+        assert activation_bytes(f1, batch, seq, precision, False) - activation_bytes(f0, batch, seq, precision, False) \
+            == batch * seq * (L * added + 4 * c)
+        # with checkpointing the blocks keep their inputs alone; the one in its backward holds them all again
+        assert activation_bytes(f1, batch, seq, precision, True) - activation_bytes(f0, batch, seq, precision, True) \
+            == batch * seq * (added + 4 * c)
+        assert f1.costs(precision, seq).matmul_flops - f0.costs(precision, seq).matmul_flops == L * 2 * c * c
+    kw = dict(batch=batch, seq=seq, precision="bf16", gpu_memory="64GiB", host_memory="64GiB", checkpointing=False,
+              state_dtype=torch.float32, step_in_backward=False, host_blocks=0)
+    p0, p1 = nt.plan(base, **kw), nt.plan(extra, **kw)
+    assert p1.tiers["gpu"]["activations"] - p0.tiers["gpu"]["activations"] == batch * seq * (L * (6 * c + 4) + 4 * c)
+    assert p1.persistent_bytes()["bf16 copies"] - p0.persistent_bytes()["bf16 copies"] == 2 * L * c * c
+    assert p1.times["gpu_s"] - p0.times["gpu_s"] == pytest.approx(3 * L * 2 * c * c * batch * seq
+                                                                  / p0.rates.gemm("bf16"))
+
+
 def _train(model, opt, steps=3, device="cpu"):
     losses = []
     for s in range(steps):
