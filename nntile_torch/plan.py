@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .costs import Costs, describe, language_model, residual_block
+from .rates import Rates, cpu_rates as _cpu_rates, machine_rates  # noqa: F401 (nt.plan's Rates)
 
 GiB = 2**30
 
@@ -214,35 +215,6 @@ def activation_bytes(facts, batch, seq, precision, checkpointing):
     block = max((b.backward + (b.kept if checkpointing else 0) for b in c.blocks), default=0)
     head = c.head.kept + c.head.backward
     return batch * seq * (stored + max(head, block) + c.front.kept)
-
-
-@dataclasses.dataclass
-class Rates:
-    """What the step-time prediction assumes of the machine (defaults: one H200, measured in
-    benchmarks/results/h200; docs/memory_plan.md says how they were fitted)."""
-    # Fitted to the three steps of benchmarks/results/h200/memory_plan_v5 (13B batch 32, 20B and 30B batch 16, their
-    # placements pinned; GPU buffers from the pool, the CPU AdamW vectorized): +6%, -10%, -5% (the rates before
-    # them, fitted on memory_plan_v2, predicted +20%, +17%, +36%).
-    gemm_flops: float = 680e12  # bf16 GEMM rate on large tiles; tf32 and fp32 below
-    gemm_flops_tf32: float = 340e12
-    gemm_flops_fp32: float = 50e12
-    per_layer_token_width_s: float = 2.3e-10  # everything else on the GPU per (layer x token x width)
-    pcie_bytes_s: float = 48e9  # each direction, pinned, 4 MiB+ transfers
-    host_update_bytes_s: float = 40e9  # CPU AdamW + bf16 copy of the host blocks, 14 CPU workers
-    hbm_bytes_s: float = 3e12  # GPU memory, for the GPU's AdamW updates
-    # What the GPU updates of host blocks cost beyond their overlapped transfers, per host parameter
-    gpu_update_exposed_s: float = 0.5e-10
-    disk_bytes_s: float = 2e9
-
-    def gemm(self, precision):
-        return {"bf16": self.gemm_flops, "tf32": self.gemm_flops_tf32}.get(precision, self.gemm_flops_fp32)
-
-
-def _cpu_rates():
-    cores = os.cpu_count() or 1
-    return Rates(gemm_flops=cores * 30e9, gemm_flops_tf32=cores * 30e9, gemm_flops_fp32=cores * 30e9,
-                 per_layer_token_width_s=2e-8 / cores, pcie_bytes_s=1e12, host_update_bytes_s=cores * 2e9,
-                 hbm_bytes_s=cores * 2e9, gpu_update_exposed_s=0.0)
 
 
 @dataclasses.dataclass
@@ -463,11 +435,11 @@ class MemoryPlan:
         first for a disk node's directory or other nt.init arguments), converts the model at the plan's precision
         (nt.convert(model, plan=self, **convert_kwargs): tile_size, batch_tile_size, init, init_device, ...) with the
         plan's checkpointing and streaming hooks, and returns it. Then plan.optimizer(model.parameters(), lr=...)."""
+        import nntile_torch  # its public convert: convert.py imports this module (InsufficientMemoryError)
         from . import _C
-        from .convert import convert
         if not _C.running():
             self.init()
-        return convert(model, plan=self, **convert_kwargs)
+        return nntile_torch.convert(model, plan=self, **convert_kwargs)
 
     def optimizer(self, params, **adamw_kwargs):
         """nt.optim.AdamW over `params` (the converted model's parameters) with the plan's choices: moments' dtype,
@@ -567,6 +539,7 @@ class MemoryPlan:
         lines.append(f"  predicted: step {t['step_s']:.2f} s ({self.tokens_per_s():,.0f} tokens/s): GPU "
                      f"{t['gpu_s']:.2f} s, PCIe {t['pcie_s']:.2f} s, host updates {t['host_update_s']:.2f} s"
                      + (f", disk {t['disk_s']:.2f} s" if t.get("disk_s") else ""))
+        lines.append(f"  rates: {self.rates.source}")
         return "\n".join(lines)
 
 
@@ -778,7 +751,7 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
         if disk_limit is not None:
             cap.disk_bytes = parse_bytes(disk_limit, "disk_limit")
     if rates is None:
-        rates = Rates() if cap.gpu_bytes else _cpu_rates()
+        rates = machine_rates() if cap.gpu_bytes else _cpu_rates()
     if host_blocks is not None and not (0 <= host_blocks <= facts.n_layer):
         raise ValueError(f"host_blocks must be in [0, {facts.n_layer}] (got {host_blocks!r})")
     if host_blocks and not cap.gpu_bytes:

@@ -509,6 +509,45 @@ def test_a_new_module_form_brings_its_own_description(monkeypatch):
                                                                   / p0.rates.gemm("bf16"))
 
 
+def test_plan_uses_rates_measured_on_this_gpu_when_cached(tmp_path, monkeypatch):
+    """Rates measured on a GPU model are cached (under STARPU_HOME, else ~/.cache) and the plan uses them on that
+    GPU model, the H200's constants for what was not measured and on any GPU without a measurement; print(plan)
+    names them. NNTILE_PLAN_RATES=defaults (the tests' setting) ignores the cache."""
+    from nntile_torch import rates
+    monkeypatch.setenv("STARPU_HOME", str(tmp_path / "starpu"))
+    assert rates.cache_path() == str(tmp_path / "starpu" / ".nntile_torch" / "rates.json")
+    monkeypatch.delenv("STARPU_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert rates.cache_path() == str(tmp_path / "cache" / "nntile_torch" / "rates.json")
+    assert rates.load("Fake GPU") is None  # nothing cached
+    rates.save("Fake GPU", {"gemm_flops": 340e12, "pcie_bytes_s": 24e9}, date="2026-12-04")
+    rates.save("Other GPU", {"gemm_flops": 1e15})
+    got = rates.load("Fake GPU")
+    assert got.gemm_flops == 340e12 and got.pcie_bytes_s == 24e9 and got.hbm_bytes_s == rates.Rates().hbm_bytes_s
+    assert got.source == "measured on Fake GPU 2026-12-04" and rates.load("H200") is None
+    with pytest.raises(ValueError, match="not a measured rate"):
+        rates.save("Fake GPU", {"disk_bytes_s": 1e9})
+    model = meta_gpt2(40, 5120, 40)
+    kw = dict(batch=32, seq=1024, host_blocks=20, cpu_update_blocks=20, checkpointing=True, **H200)
+    defaults = nt.plan(model, **kw)
+    assert defaults.rates == rates.Rates() and "rates: H200 defaults" in str(defaults)
+    monkeypatch.setattr(rates, "_device_name", lambda: "Fake GPU")
+    assert nt.plan(model, **kw).rates == rates.Rates()  # NNTILE_PLAN_RATES=defaults
+    monkeypatch.delenv("NNTILE_PLAN_RATES", raising=False)
+    measured = nt.plan(model, **kw)
+    assert measured.rates == got and "rates: measured on Fake GPU 2026-12-04" in str(measured)
+    assert measured.times["pcie_s"] == pytest.approx(2 * defaults.times["pcie_s"])  # half the copy rate
+    assert measured.times["gpu_s"] > defaults.times["gpu_s"]  # half the bf16 GEMM rate
+    monkeypatch.setattr(rates, "_device_name", lambda: "Unmeasured GPU")
+    assert nt.plan(model, **kw).rates == rates.Rates()
+    (tmp_path / "cache" / "nntile_torch" / "rates.json").write_text("{not json")
+    monkeypatch.setattr(rates, "_device_name", lambda: "Fake GPU")
+    assert nt.plan(model, **kw).rates == rates.Rates()  # a broken cache: the defaults, no error
+    small = nt.plan(gpt2(n_layer=2), batch=2, seq=8, host_memory="1GiB", gpu_memory=None)
+    if not small.capacity.gpu_bytes:  # no GPU tier: the CPU's estimates, said so
+        assert "rates: CPU estimates" in str(small)
+
+
 def _train(model, opt, steps=3, device="cpu"):
     losses = []
     for s in range(steps):
