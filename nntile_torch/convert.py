@@ -33,7 +33,7 @@ from .nn.gpt2 import is_gpt2_attention, patch_gpt2_attention
 from .param import param_state
 from .recognize import gelu_like, layer_norm_like
 from .report import ConvertReport, register
-from .runtime import ensure_init, info
+from .runtime import ensure_init, info, is_running
 from .tensor import TileTensor
 
 # Modules without parameters that need no tile version: they only pass tiles on or hold others.
@@ -142,13 +142,13 @@ def _swap(m, what, kw, home=None):
     return GELU(what[1], **tiles)
 
 
-def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=None, init_device=None,
+def convert(model, precision=None, tile_size=None, batch_tile_size=None, init=None, init_device=None,
             progress=None, strict=False, plan=None):
     """Turns, in place, what model computes into tile tasks (see the module docstring) and returns model.
     Parameters keep their names, shapes, values, requires_grad and ties (a weight shared by several modules,
     such as GPT-2's token embedding and LM head, stays one Parameter).
 
-    precision: "fp32" (exact), "tf32" or "bf16" for the matmuls; tile_size / batch_tile_size: tile edges in
+    precision: "fp32" (exact, the default without a plan), "tf32" or "bf16" for the matmuls (a plan's by default); tile_size / batch_tile_size: tile edges in
     elements (tile_size by default from the model's width, default_tile_size(); batch_tile_size in
     nntile_torch.config).
 
@@ -167,18 +167,23 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
     must not be on the meta device (the error names them).
 
     plan: a memory plan (nt.plan(model, batch, seq, precision)) whose checkpointing and streaming hooks are put on
-    the converted model (docs/memory_plan.md); its precision must be this one.
+    the converted model (docs/memory_plan.md); its precision must be this one. A runtime not yet running is started
+    with the plan's settings (plan.init()). plan.apply(model, ...) is this call.
 
     progress: a progress bar over the modules on stderr (a 20B model on meta takes ~100 s); None shows it for
     models of 1B parameters or more when stderr is a terminal.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"convert() takes a torch.nn.Module (got {type(model).__name__})")
+    if precision is None:
+        precision = plan.precision if plan is not None else "fp32"
     config.check_precision(precision)
     config.check_tile(tile_size, "tile_size")
     config.check_tile(batch_tile_size, "batch_tile_size")
     if plan is not None and plan.precision != precision:
         raise ValueError(f"convert(precision={precision!r}) differs from the plan's precision {plan.precision!r}")
+    if plan is not None and not is_running():
+        plan.init()  # its limits, workers and window: nt.init's defaults would not be what the plan counted on
     ensure_init()
     if tile_size is None:
         tile_size = default_tile_size(model, plan)
@@ -292,7 +297,7 @@ def convert(model, precision="fp32", tile_size=None, batch_tile_size=None, init=
             m.register_forward_pre_hook(_index_check(name or "embedding"))
             m._nntile_checked = True
     if plan is not None:
-        plan.apply(model)
+        plan.install(model)
     register(model, report)
     if report.dense and not strict:
         import warnings

@@ -1,9 +1,9 @@
 """ParamState: the one owner of a parameter's placement and state (docs/DESIGN.md, "Parameter state").
 
 Each parameter of a converted model has one, reached by `nt.param_state(p)` (made on first use and kept on the
-parameter; nothing else sets attributes on parameters). The memory plan (plan.apply, convert), the optimizer and the
-user set its placement; the autograd Functions, the optimizer's update and the streaming hooks ask it what to read,
-where to run and what to move:
+parameter; nothing else sets attributes on parameters). The memory plan (MemoryPlan.install, from convert), the
+optimizer and the user set its placement; the autograd Functions, the optimizer's update and the streaming hooks
+ask it what to read, where to run and what to move:
 
 - master weight: the parameter's tiles, float32 or bf16 (`keep_bf16_master`); moments: the dtype the optimizer keeps
   them in (`moment_dtype`, recorded by AdamW);
@@ -62,7 +62,7 @@ class ParamState:
 
     def __init__(self, param):
         self._param = weakref.ref(param)
-        self.name = None  # its name in the model (the memory plan names parameters; plan.apply sets it)
+        self.name = None  # its name in the model (the memory plan names parameters; MemoryPlan.install sets it)
         self._per_use = False
         self.cast_apart = False
         self.update_on = "any"

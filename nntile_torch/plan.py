@@ -5,9 +5,11 @@ anything is allocated, when a model fits nowhere.
 
     plan = nt.plan(model, batch=16, seq=1024, precision="bf16")   # the model as built, converted or not (meta too)
     print(plan)                                                    # bytes per tier, traffic, predicted step time
-    plan.init()                                                    # nt.init with the plan's limits and workers
-    model = nt.convert(model, precision="bf16", plan=plan)         # + checkpointing and the streaming hooks
-    opt = nt.optim.AdamW(model.parameters(), lr=3e-4, plan=plan)   # + state dtype, in-backward and host updates
+    model = plan.apply(model, init=model._init_weights)            # nt.init with the plan's limits and workers,
+                                                                   # nt.convert, checkpointing, the streaming hooks
+    opt = plan.optimizer(model.parameters(), lr=3e-4)              # AdamW: state dtype, in-backward, host updates
+
+(The same by parts, as before plan.apply: plan.init(); nt.convert(model, plan=plan); nt.optim.AdamW(..., plan=plan).)
 
 Placement is by whole blocks: the last blocks of the model are the ones whose state (fp32 master weights, AdamW
 moments, bf16 copies) lives in host RAM between steps (their gradients arrive first in the backward and the next
@@ -17,11 +19,12 @@ gradient crosses PCIe; ZeRO-Offload's split) or on the GPU (its master weight an
 around the update; the CPU does nothing), whichever the plan predicts faster.
 """
 import dataclasses
-import math
 import os
 
 import torch
-from torch import nn
+
+from .facts import ModelFacts, ParamInfo, StepCosts, activation_bytes, model_facts  # noqa: F401 (their home was here)
+from .rates import Rates, cpu_rates as _cpu_rates, machine_rates  # noqa: F401 (nt.plan's Rates)
 
 GiB = 2**30
 
@@ -37,141 +40,6 @@ class InsufficientMemoryError(MemoryError):
         # each a change of nt.plan's arguments (batch, state_dtype, checkpointing, master_dtype, precision,
         # disk_limit / host_memory / gpu_memory in bytes) with which the plan was made again and fits
         self.fixes = list(fixes or [])
-
-
-@dataclasses.dataclass
-class ParamInfo:
-    name: str
-    numel: int
-    block: int  # index of the block it belongs to, -1 for the rest (embeddings, final norm)
-    matmul: bool  # read by a matmul (gets a bf16 copy in bf16 mode)
-
-
-@dataclasses.dataclass
-class ModelFacts:
-    params: list
-    n_layer: int
-    width: int
-    vocab: int
-    inner: int
-    blocks_path: str  # attribute path of the blocks' ModuleList, e.g. "transformer.h"
-
-    @property
-    def n_params(self):
-        return sum(p.numel for p in self.params)
-
-    def block_params(self, b):
-        return [p for p in self.params if p.block == b]
-
-    def sums(self):
-        """(elements, matmul elements) per block, and of the parameters outside blocks: what every placement's
-        arithmetic adds up (computed once: the plan weighs thousands of placements)."""
-        cached = getattr(self, "_sums", None)
-        if cached is None:
-            blocks = [[0, 0] for _ in range(self.n_layer)]
-            rest = [0, 0]
-            for p in self.params:
-                acc = blocks[p.block] if 0 <= p.block < self.n_layer else rest
-                acc[0] += p.numel
-                acc[1] += p.numel if p.matmul else 0
-            tails = [(0, 0)]  # tails[k]: the sums over the last k blocks
-            for b in reversed(blocks):
-                tails.append((tails[-1][0] + b[0], tails[-1][1] + b[1]))
-            cached = self._sums = ([tuple(b) for b in blocks], tuple(rest), tails)
-        return cached
-
-
-def _is_matmul_module(m):
-    return isinstance(m, nn.Linear) or type(m).__name__ in ("Conv1D", "Linear")
-
-
-def _find_blocks(model):
-    """The largest nn.ModuleList of at least two modules of one class: the transformer's blocks."""
-    best = None
-    for name, m in model.named_modules():
-        if isinstance(m, nn.ModuleList) and len(m) >= 2 and len({type(c) for c in m}) == 1:
-            if best is None or len(m) > len(best[1]):
-                best = (name, m)
-    return best
-
-
-def model_facts(model):
-    """What the plan needs of a model: every parameter (ties counted once) with its block, and the widths."""
-    found = _find_blocks(model)
-    path, blocks = found if found else ("", [])
-    owners = {}  # id(param) -> modules holding it
-    for mname, m in model.named_modules():
-        for pname, p in m.named_parameters(recurse=False):
-            owners.setdefault(id(p), []).append((mname, pname, m))
-    params = []
-    for name, p in model.named_parameters():
-        block = -1
-        if path and name.startswith(path + "."):
-            block = int(name[len(path) + 1:].split(".", 1)[0])
-        held = owners.get(id(p), [])
-        matmul = p.dim() == 2 and any(_is_matmul_module(m) for _, _, m in held)
-        params.append(ParamInfo(name, p.numel(), block, matmul))
-    cfg = getattr(model, "config", None)
-    embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding) or type(m).__name__ == "Embedding"]
-    width = getattr(cfg, "n_embd", None) or getattr(cfg, "hidden_size", None)
-    vocab = getattr(cfg, "vocab_size", None)
-    if embeddings:
-        largest = max(embeddings, key=lambda e: e.weight.numel())
-        width = width or largest.weight.shape[1]
-        vocab = vocab or largest.weight.shape[0]
-    if not width:  # no embedding, no config: the widest matmul input of a block
-        mats = [p for p in model.parameters() if p.dim() == 2]
-        width = min(min(p.shape) for p in mats) if mats else 1
-    inner = getattr(cfg, "n_inner", None) or 4 * width
-    return ModelFacts(params, len(blocks), int(width), int(vocab or 0), int(inner), path)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Activation bytes per token at the step's peak, from what the tile Functions keep (functional.py): per block,
-# LayerNorm's input, each matmul's input (bf16 in bf16 mode), qkv and the attention output, GELU's input. The peak
-# comes either at the head's backward (logits, their gradient and its bf16 copy beside every block's kept tensors)
-# or inside one block's backward (its gradients, and with checkpointing its recomputed tensors), not both: the
-# larger of the two counts. Against the H200's 13B at batch 32 (checkpointing): 41.9 GiB planned, 38.7 measured
-# (peak tiles less the persistent ones, gradients in flight included); the CPU's tests within 35% (test_plan.py).
-
-def activation_bytes(facts, batch, seq, precision, checkpointing):
-    c, f, v, L = facts.width, facts.inner, facts.vocab, facts.n_layer
-    x = 2 if precision == "bf16" else 4  # a matmul input kept for backward
-    kept = 4 * c + x * c + 12 * c + 4 * c + x * c + 4 * c + x * c + 4 * f + x * f  # one block, per token
-    grads = 12 * c + 4 * f + 4 * c  # one block's backward: gradients of qkv, GELU's input, the stream
-    head = 4 * c + x * c + 8 * v + x * v  # final norm; logits, their gradient and its bf16 copy
-    stored = 4 * c * L if checkpointing else kept * L  # block inputs only, or everything every block keeps
-    block = grads + (kept if checkpointing else 0)
-    return batch * seq * (stored + max(head, block) + 8 + 4 * c)  # ids, embedding output
-
-
-@dataclasses.dataclass
-class Rates:
-    """What the step-time prediction assumes of the machine (defaults: one H200, measured in
-    benchmarks/results/h200; docs/memory_plan.md says how they were fitted)."""
-    # Fitted to the three steps of benchmarks/results/h200/memory_plan_v5 (13B batch 32, 20B and 30B batch 16, their
-    # placements pinned; GPU buffers from the pool, the CPU AdamW vectorized): +6%, -10%, -5% (the rates before
-    # them, fitted on memory_plan_v2, predicted +20%, +17%, +36%).
-    gemm_flops: float = 680e12  # bf16 GEMM rate on large tiles; tf32 and fp32 below
-    gemm_flops_tf32: float = 340e12
-    gemm_flops_fp32: float = 50e12
-    per_layer_token_width_s: float = 2.3e-10  # everything else on the GPU per (layer x token x width)
-    pcie_bytes_s: float = 48e9  # each direction, pinned, 4 MiB+ transfers
-    host_update_bytes_s: float = 40e9  # CPU AdamW + bf16 copy of the host blocks, 14 CPU workers
-    hbm_bytes_s: float = 3e12  # GPU memory, for the GPU's AdamW updates
-    # What the GPU updates of host blocks cost beyond their overlapped transfers, per host parameter
-    gpu_update_exposed_s: float = 0.5e-10
-    disk_bytes_s: float = 2e9
-
-    def gemm(self, precision):
-        return {"bf16": self.gemm_flops, "tf32": self.gemm_flops_tf32}.get(precision, self.gemm_flops_fp32)
-
-
-def _cpu_rates():
-    cores = os.cpu_count() or 1
-    return Rates(gemm_flops=cores * 30e9, gemm_flops_tf32=cores * 30e9, gemm_flops_fp32=cores * 30e9,
-                 per_layer_token_width_s=2e-8 / cores, pcie_bytes_s=1e12, host_update_bytes_s=cores * 2e9,
-                 hbm_bytes_s=cores * 2e9, gpu_update_exposed_s=0.0)
 
 
 @dataclasses.dataclass
@@ -348,10 +216,11 @@ class MemoryPlan:
     def init(self, **overrides):
         """Starts the runtime with the plan's settings (nt.init): the memory limits given to nt.plan (gpu_memory,
         host_memory, disk_limit: a disk node needs disk_path=... here), the workers and the submission window;
-        `overrides` are nt.init's arguments and win. A running runtime is kept when it has the plan's limits; with
-        others, RuntimeError (the plan would count on memory StarPU does not have, or leave unused)."""
+        `overrides` are nt.init's arguments and win, except those given as None (which leave the plan's value, so
+        that a caller can pass its own optional settings through). A running runtime is kept when it has the plan's
+        limits; with others, RuntimeError (the plan would count on memory StarPU does not have, or leave unused)."""
         from . import _C, runtime
-        kw = {**self.init_kwargs(), **overrides}
+        kw = {**self.init_kwargs(), **{k: v for k, v in overrides.items() if v is not None}}
         if kw.get("disk_limit") is not None and kw.get("disk_path") is None:
             raise ValueError(f"the plan counts on a disk node of {format_bytes(kw['disk_limit'])} (disk_limit): pass "
                              "its directory, plan.init(disk_path=...)")
@@ -385,7 +254,26 @@ class MemoryPlan:
                 kw["offload_update"] = [p for p in params if param_state(p).name in on_cpu]
         return kw
 
-    def apply(self, model):
+    def apply(self, model, **convert_kwargs):
+        """The one call that puts the plan to work on `model` (as given to nt.plan: dense, on any device, or on meta
+        with init=...): starts the runtime with the plan's settings unless it runs already (plan.init(); call it
+        first for a disk node's directory or other nt.init arguments), converts the model at the plan's precision
+        (nt.convert(model, plan=self, **convert_kwargs): tile_size, batch_tile_size, init, init_device, ...) with the
+        plan's checkpointing and streaming hooks, and returns it. Then plan.optimizer(model.parameters(), lr=...)."""
+        import nntile_torch  # its public convert: convert.py imports this module (InsufficientMemoryError)
+        from . import _C
+        if not _C.running():
+            self.init()
+        return nntile_torch.convert(model, plan=self, **convert_kwargs)
+
+    def optimizer(self, params, **adamw_kwargs):
+        """nt.optim.AdamW over `params` (the converted model's parameters) with the plan's choices: moments' dtype,
+        updates inside backward, the host blocks' parameters and where they are updated. `adamw_kwargs` are AdamW's
+        (lr, betas, weight_decay, ...); a placement argument given must agree with the plan's (ValueError)."""
+        from .optim import AdamW
+        return AdamW(params, plan=self, **adamw_kwargs)
+
+    def install(self, model):
         """Checkpointing and the streaming hooks on a converted model (nt.convert(..., plan=plan) calls it)."""
         from .param import param_state
         from .streaming import install
@@ -476,6 +364,7 @@ class MemoryPlan:
         lines.append(f"  predicted: step {t['step_s']:.2f} s ({self.tokens_per_s():,.0f} tokens/s): GPU "
                      f"{t['gpu_s']:.2f} s, PCIe {t['pcie_s']:.2f} s, host updates {t['host_update_s']:.2f} s"
                      + (f", disk {t['disk_s']:.2f} s" if t.get("disk_s") else ""))
+        lines.append(f"  rates: {self.rates.source}")
         return "\n".join(lines)
 
 
@@ -526,7 +415,8 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
     act = activation_bytes(facts, -(-batch // gpus), seq, precision, opt.checkpointing)
     # checkpoints homed in host RAM: the GPU keeps those of the blocks around the one computing (lookahead ahead of
     # the recompute, the one in use, the one just done); each crosses PCIe once each way
-    ckpt_bytes = 4 * facts.width * facts.n_layer * -(-batch // gpus) * seq \
+    costs = facts.costs(precision, seq)
+    ckpt_bytes = sum(b.checkpoint for b in costs.blocks) * -(-batch // gpus) * seq \
         if opt.host_checkpoints and opt.checkpointing and cap.gpu_bytes else 0
     if ckpt_bytes:
         act -= ckpt_bytes - (lookahead + 2) * ckpt_bytes // max(1, facts.n_layer)
@@ -585,9 +475,9 @@ def _evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
             missing["host"] = spill - cap.disk_bytes
     # traffic and time per step
     tokens = batch * seq
-    matmul_params = tails[L][1] + rest_mm
-    flops = (6 + (2 if opt.checkpointing else 0)) * matmul_params * tokens \
-        + 12 * facts.n_layer * facts.width * seq * tokens * (4 / 3 if opt.checkpointing else 1)
+    # forward, backward (twice the forward), and with checkpointing the recompute (once more)
+    flops = (3 + (1 if opt.checkpointing else 0)) * costs.matmul_flops * tokens \
+        + 3 * costs.attention_flops * tokens * (4 / 3 if opt.checkpointing else 1)
     gpu_s = flops / rates.gemm(precision) / gpus \
         + rates.per_layer_token_width_s * facts.n_layer * tokens * facts.width * (4 / 3 if opt.checkpointing else 1) / gpus
     copy = 2 if precision == "bf16" and not bf16_master else 0  # the new bf16 copy an update writes
@@ -670,7 +560,10 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     if cpu_update_blocks is not None and (isinstance(cpu_update_blocks, bool) or not isinstance(cpu_update_blocks, int)
                                           or cpu_update_blocks < 0):
         raise ValueError(f"cpu_update_blocks must be an int >= 0 (got {cpu_update_blocks!r})")
-    facts = _facts or model_facts(model)
+    facts = _facts
+    if facts is None:
+        facts = model_facts(model)
+        facts.settle(seq)
     if _cap is not None:  # the capacity of the plan being explained, with one change (_fixes)
         cap = _cap
     else:
@@ -683,7 +576,7 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
         if disk_limit is not None:
             cap.disk_bytes = parse_bytes(disk_limit, "disk_limit")
     if rates is None:
-        rates = Rates() if cap.gpu_bytes else _cpu_rates()
+        rates = machine_rates() if cap.gpu_bytes else _cpu_rates()
     if host_blocks is not None and not (0 <= host_blocks <= facts.n_layer):
         raise ValueError(f"host_blocks must be in [0, {facts.n_layer}] (got {host_blocks!r})")
     if host_blocks and not cap.gpu_bytes:

@@ -287,23 +287,23 @@ def main(argv=None):
             raise SystemExit(f"nntile_torch.train: {e}")
         except nt.InsufficientMemoryError as e:
             raise SystemExit(f"nntile_torch.train: {e}")
-        ncpus = plan.init_kwargs().get("ncpus") if device == "cuda" else None
         if plan.beyond_gpu or plan.checkpointing:
             print(plan, flush=True)
-    window = args.max_submitted_tasks
-    if window is None and plan is not None:
-        window = plan.init_kwargs().get("max_submitted_tasks")
-    streams = plan.init_kwargs().get("streams_per_gpu") if plan is not None else None
-    nt.init(ncpus=ncpus, cuda_memory_limit=args.cuda_memory_limit, host_memory_limit=args.host_memory_limit,
-            max_submitted_tasks=window, streams_per_gpu=streams)
+        # the plan's limits, workers and window; the command line's where it gives them
+        plan.init(cuda_memory_limit=args.cuda_memory_limit, host_memory_limit=args.host_memory_limit,
+                  max_submitted_tasks=args.max_submitted_tasks)
+    else:
+        nt.init(ncpus=ncpus, cuda_memory_limit=args.cuda_memory_limit, host_memory_limit=args.host_memory_limit,
+                max_submitted_tasks=args.max_submitted_tasks)
     torch_model = copy.deepcopy(ref) if args.compare_torch else None
     fp64_model = copy.deepcopy(ref).double() if args.compare_fp64 else None
-    model = nt.convert(ref, precision=args.precision, tile_size=args.tile_size,
-                       batch_tile_size=args.batch_tile_size or nt.config.rows_per_tile(
-                           args.batch, args.seq, device == "cuda", nt.runtime.num_places()), plan=plan)
+    tiles = dict(tile_size=args.tile_size, batch_tile_size=args.batch_tile_size or nt.config.rows_per_tile(
+        args.batch, args.seq, device == "cuda", nt.runtime.num_places()))
     if plan is not None:
-        opt = nt.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay, plan=plan)
+        model = plan.apply(ref, **tiles)
+        opt = plan.optimizer(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     else:
+        model = nt.convert(ref, precision=args.precision, **tiles)
         opt = nt.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                              step_in_backward=args.step_in_backward,
                              state_dtype=torch.bfloat16 if args.bf16_adam_state else torch.float32,

@@ -345,6 +345,49 @@ def test_plan_init_applies_the_capacities_given_to_the_plan(tmp_path):
     assert "refused nntile_torch is running with other memory limits" in out and "'host_memory_limit'" in out, out
 
 
+def test_plan_apply_starts_the_runtime_with_the_plans_settings_and_converts():
+    """plan.apply(model) alone: the runtime started with the plan's limits (as plan.init() would), the model converted
+    at the plan's precision with its hooks, and plan.optimizer() an AdamW with the plan's choices."""
+    from conftest import run_python
+    code = (
+        "import torch, nntile_torch as nt\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.Linear(64, 64))\n"
+        "plan = nt.plan(model, batch=2, seq=8, precision='tf32', host_memory='1GiB')\n"
+        "ours = plan.apply(model, tile_size=64)\n"
+        "opt = plan.optimizer(ours.parameters(), lr=1e-3)\n"
+        "print('limit', nt.info()['host_memory_limit_bytes'], type(ours[0]).__module__, nt.streamer(ours).plan is plan,\n"
+        "      type(opt).__name__, opt.state_dtype == plan.state_dtype)\n"
+        "ours(torch.randn(2, 8, 64)).sum().backward(); opt.step()\n"
+        "print('stepped')\n")
+    rc, out, err = run_python(code, 120, what="plan.apply")
+    assert rc == 0, err[-3000:]
+    assert f"limit {2**30} nntile_torch.nn.linear True AdamW True" in out and "stepped" in out, out
+
+
+def test_plan_apply_and_optimizer_train_as_the_three_calls_did(device):
+    """plan.apply(model, ...) and plan.optimizer(params, ...) give the model and optimizer of nt.convert(plan=) and
+    AdamW(plan=) (the spellings before them, still working): the same losses and weights, bit for bit, under a plan
+    with host blocks; a placement argument against the plan is refused by plan.optimizer as by AdamW."""
+    import warnings
+    plan = nt.plan(gpt2(n_layer=4), batch=4, seq=37, precision="bf16", gpu_memory="1GiB", host_blocks=2,
+                   checkpointing=True, state_dtype=torch.bfloat16, host_update="cpu")
+    ours = plan.apply(gpt2(n_layer=4, device=device), tile_size=384, batch_tile_size=37)
+    twin = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37, plan=plan)
+    assert nt.streamer(ours).plan is plan and nt.streamer(twin).plan is plan
+    if device == "cpu":
+        nt.streamer(ours).nodes = nt.streamer(twin).nodes = [0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # few CPU workers beside a GPU: a speed warning
+        opt = plan.optimizer(ours.parameters(), lr=1e-3)
+        opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-3, plan=plan)
+    assert opt.offload_update == opt_t.offload_update == "cpu"
+    assert _train(ours, opt, device=device) == _train(twin, opt_t, device=device)
+    for (n, a), b in zip(ours.named_parameters(), twin.parameters()):
+        assert torch.equal(a.materialize(), b.materialize()), n
+    with pytest.raises(ValueError, match="contradicts the plan"):
+        plan.optimizer(ours.parameters(), state_dtype=torch.float32)
+
+
 def test_plan_rejects_bad_arguments():
     model = gpt2(n_layer=2)
     with pytest.raises(ValueError, match="batch"):
@@ -365,6 +408,144 @@ def test_activation_estimate_grows_as_the_model_keeps():
     full, ckpt = activation_bytes(f, 8, 64, "fp32", False), activation_bytes(f, 8, 64, "fp32", True)
     assert ckpt < full and activation_bytes(f, 16, 64, "fp32", False) == 2 * full
     assert activation_bytes(f, 8, 64, "bf16", False) < full
+
+
+def _gpt2_formula(L, c, f, v, batch, seq, precision, checkpointing):
+    """The activation bytes and FLOPs plan.py computed for every model before modules described themselves (GPT-2's
+    block written out), kept here as the reference the sums of the descriptions must equal on GPT-2."""
+    x = 2 if precision == "bf16" else 4
+    kept = 4 * c + x * c + 12 * c + 4 * c + x * c + 4 * c + x * c + 4 * f + x * f
+    grads = 12 * c + 4 * f + 4 * c
+    head = 4 * c + x * c + 8 * v + x * v
+    stored = 4 * c * L if checkpointing else kept * L
+    block = grads + (kept if checkpointing else 0)
+    act = batch * seq * (stored + max(head, block) + 8 + 4 * c)
+    return act
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_plan_summed_from_module_descriptions_equals_the_gpt2_formula(precision):
+    """GPT-2's modules describe themselves (nntile_torch/costs.py: LayerNorm, Conv1D, Linear, GPT-2's attention and
+    MLP, the block), before convert() and after: the plan's activation bytes, checkpoints and FLOPs summed from them
+    are, to the byte and the FLOP, those of the GPT-2 formula the plan used before."""
+    from nntile_torch.plan import model_facts
+    shapes = [(3, 96, 6, 1000, 1024), (48, 1600, 25, 50257, 1024), (44, 6144, 48, 50257, 1024)]
+    for L, c, h, v, seq in shapes:
+        f = model_facts(meta_gpt2(L, c, h, vocab=v))
+        costs = f.costs(precision, seq)
+        for batch, ckpt in ((1, False), (16, True), (3, False)):
+            assert activation_bytes(f, batch, seq, precision, ckpt) == _gpt2_formula(L, c, 4 * c, v, batch, seq,
+                                                                                      precision, ckpt)
+        assert costs.matmul_flops == 2 * sum(p.numel for p in f.params if p.matmul)
+        assert costs.attention_flops == 4 * L * c * seq
+        assert [b.checkpoint for b in costs.blocks] == [4 * c] * L
+    model = gpt2(n_layer=3)
+    before = model_facts(model)
+    nt.convert(model, precision=precision, tile_size=384, batch_tile_size=37)
+    after = model_facts(model)
+    assert [p.matmul for p in before.params] == [p.matmul for p in after.params]
+    for facts in (before, after):
+        assert facts.costs(precision, 37) == before.costs(precision, 37)
+        assert activation_bytes(facts, 3, 37, precision, False) == _gpt2_formula(3, 96, 384, 1000, 3, 37, precision,
+                                                                                 False)
+
+
+def test_a_new_module_form_brings_its_own_description(monkeypatch):
+    """A block with a module of a form the plan has never seen: a made-up gated projection with its own
+    plan_costs (a matmul keeping its input and its gate), and an RMSNorm-like torch module described by
+    register_form. The plan counts exactly what they say: their kept bytes in the activations, their FLOPs in the
+    GPU time, the gate's weight as a matmul weight (a bf16 copy in bf16 mode); a module that describes nothing costs
+    nothing."""
+    from torch import nn
+    from nntile_torch import costs as costs_mod
+    from nntile_torch.costs import Costs
+    from nntile_torch.plan import model_facts
+
+    class Gate(nn.Module):  # y = x * sigmoid(x @ W): keeps x and the gate
+        def __init__(self, width):
+            super().__init__()
+            self.weight = nn.Parameter(torch.empty(width, width))
+
+        def plan_costs(self, precision, seq):
+            w = self.weight.shape[0]
+            return Costs(kept=(2 if precision == "bf16" else 4) * w + 4 * w, backward=4 * w,
+                         matmul_flops=2 * w * w, matmul_weights=("weight",))
+
+    class RMSNorm(nn.Module):  # a torch module one cannot give a method: described by registration
+        def __init__(self, width):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(width))
+
+    monkeypatch.setattr(costs_mod, "_FORMS", list(costs_mod._FORMS))
+    costs_mod.register_form(lambda m: isinstance(m, RMSNorm), lambda m, precision, seq: Costs(kept=4 * m.weight.numel() + 4))
+
+    L, c, v, batch, seq = 4, 256, 500, 8, 128  # a small vocabulary: a block's backward, not the head, is the peak
+    base = meta_gpt2(L, c, 8, vocab=v)
+    extra = meta_gpt2(L, c, 8, vocab=v)
+    with torch.device("meta"):
+        for block in extra.transformer.h:
+            block.gate = Gate(c)
+            block.ln_2 = RMSNorm(c)  # in place of a LayerNorm (4 x width): 4 more bytes per token
+            block.plain = nn.Identity()  # describes nothing
+    f0, f1 = model_facts(base), model_facts(extra)
+    gate_names = {p.name for p in f1.params if p.name.endswith(".gate.weight")}
+    assert len(gate_names) == L and all(p.matmul for p in f1.params if p.name in gate_names)
+    for precision in ("fp32", "bf16"):
+        x = 2 if precision == "bf16" else 4
+        added = (x * c + 4 * c) + 4  # the gate's kept bytes, the norm's 4 more
+        # every block keeps them; the peak, in one block's backward, holds the gate's gradient too
+        assert activation_bytes(f1, batch, seq, precision, False) - activation_bytes(f0, batch, seq, precision, False) \
+            == batch * seq * (L * added + 4 * c)
+        # with checkpointing the blocks keep their inputs alone; the one in its backward holds them all again
+        assert activation_bytes(f1, batch, seq, precision, True) - activation_bytes(f0, batch, seq, precision, True) \
+            == batch * seq * (added + 4 * c)
+        assert f1.costs(precision, seq).matmul_flops - f0.costs(precision, seq).matmul_flops == L * 2 * c * c
+    kw = dict(batch=batch, seq=seq, precision="bf16", gpu_memory="64GiB", host_memory="64GiB", checkpointing=False,
+              state_dtype=torch.float32, step_in_backward=False, host_blocks=0)
+    p0, p1 = nt.plan(base, **kw), nt.plan(extra, **kw)
+    assert p1.tiers["gpu"]["activations"] - p0.tiers["gpu"]["activations"] == batch * seq * (L * (6 * c + 4) + 4 * c)
+    assert p1.persistent_bytes()["bf16 copies"] - p0.persistent_bytes()["bf16 copies"] == 2 * L * c * c
+    assert p1.times["gpu_s"] - p0.times["gpu_s"] == pytest.approx(3 * L * 2 * c * c * batch * seq
+                                                                  / p0.rates.gemm("bf16"))
+
+
+def test_plan_uses_rates_measured_on_this_gpu_when_cached(tmp_path, monkeypatch):
+    """Rates measured on a GPU model are cached (under STARPU_HOME, else ~/.cache) and the plan uses them on that
+    GPU model, the H200's constants for what was not measured and on any GPU without a measurement; print(plan)
+    names them. NNTILE_PLAN_RATES=defaults (the tests' setting) ignores the cache."""
+    from nntile_torch import rates
+    monkeypatch.setenv("STARPU_HOME", str(tmp_path / "starpu"))
+    assert rates.cache_path() == str(tmp_path / "starpu" / ".nntile_torch" / "rates.json")
+    monkeypatch.delenv("STARPU_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert rates.cache_path() == str(tmp_path / "cache" / "nntile_torch" / "rates.json")
+    assert rates.load("Fake GPU") is None  # nothing cached
+    rates.save("Fake GPU", {"gemm_flops": 340e12, "pcie_bytes_s": 24e9}, date="2026-12-04")
+    rates.save("Other GPU", {"gemm_flops": 1e15})
+    got = rates.load("Fake GPU")
+    assert got.gemm_flops == 340e12 and got.pcie_bytes_s == 24e9 and got.hbm_bytes_s == rates.Rates().hbm_bytes_s
+    assert got.source == "measured on Fake GPU 2026-12-04" and rates.load("H200") is None
+    with pytest.raises(ValueError, match="not a measured rate"):
+        rates.save("Fake GPU", {"disk_bytes_s": 1e9})
+    model = meta_gpt2(40, 5120, 40)
+    kw = dict(batch=32, seq=1024, host_blocks=20, cpu_update_blocks=20, checkpointing=True, **H200)
+    defaults = nt.plan(model, **kw)
+    assert defaults.rates == rates.Rates() and "rates: H200 defaults" in str(defaults)
+    monkeypatch.setattr(rates, "_device_name", lambda: "Fake GPU")
+    assert nt.plan(model, **kw).rates == rates.Rates()  # NNTILE_PLAN_RATES=defaults
+    monkeypatch.delenv("NNTILE_PLAN_RATES", raising=False)
+    measured = nt.plan(model, **kw)
+    assert measured.rates == got and "rates: measured on Fake GPU 2026-12-04" in str(measured)
+    assert measured.times["pcie_s"] == pytest.approx(2 * defaults.times["pcie_s"])  # half the copy rate
+    assert measured.times["gpu_s"] > defaults.times["gpu_s"]  # half the bf16 GEMM rate
+    monkeypatch.setattr(rates, "_device_name", lambda: "Unmeasured GPU")
+    assert nt.plan(model, **kw).rates == rates.Rates()
+    (tmp_path / "cache" / "nntile_torch" / "rates.json").write_text("{not json")
+    monkeypatch.setattr(rates, "_device_name", lambda: "Fake GPU")
+    assert nt.plan(model, **kw).rates == rates.Rates()  # a broken cache: the defaults, no error
+    small = nt.plan(gpt2(n_layer=2), batch=2, seq=8, host_memory="1GiB", gpu_memory=None)
+    if not small.capacity.gpu_bytes:  # no GPU tier: the CPU's estimates, said so
+        assert "rates: CPU estimates" in str(small)
 
 
 def _train(model, opt, steps=3, device="cpu"):

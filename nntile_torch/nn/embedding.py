@@ -3,6 +3,7 @@ import torch
 from torch import nn
 
 from .. import config
+from ..costs import Costs
 from ..functional import EmbeddingFunction, check_indices, check_indices_now  # noqa: F401 (re-exported)
 from ..runtime import ensure_init
 from ..tensor import TileTensor, without_torch_function
@@ -50,6 +51,11 @@ class Embedding(nn.Module):
             check_indices_now(ids, self.num_embeddings, "Embedding")
             return nn.functional.embedding(ids, self.weight)  # a weight tied in another tiling: torch code
         return EmbeddingFunction.apply(ids, self.weight, self.batch_tile_size, check)
+
+    def plan_costs(self, precision, seq):
+        # The ids it keeps for the backward are the model's (costs.language_model counts them once); its weight is
+        # read by a lookup, not a matmul (a tied LM head's Linear names it).
+        return Costs()
 
     def extra_repr(self):
         return f"{self.num_embeddings}, {self.embedding_dim}, tile_size={self.tile_size}"

@@ -9,10 +9,12 @@ import types
 import torch
 import torch.nn.functional as F
 
+from ..costs import Costs, register_form, residual_block
 from ..functional import CausalAttentionFunction, attention_mask_tiles, attention_tiles_ok
 from ..report import note_dense
 from ..tensor import without_torch_function
 from .linear import Conv1D
+from .norm_act import GELU
 
 
 def is_gpt2_attention(m):
@@ -83,3 +85,24 @@ def _covered_forward(self, hidden_states, attention_mask):
         y = y.transpose(1, 2).reshape(b, t, -1)
     out = self.resid_dropout(self.c_proj(y))
     return out, None
+
+
+# GPT-2's block form for the memory plan (nntile_torch/costs.py): its layer norms and projections describe
+# themselves (LayerNorm, Conv1D); what is GPT-2's own is described here.
+
+def attention_costs(width, seq):
+    """Causal attention over `width` features (heads side by side), beside its projections, per token: it keeps qkv
+    (float32, 3 x width) and its output for the backward, whose gradient of qkv it makes; QK^T and PV are 2 x 2 x
+    width x seq forward FLOPs per token (the causal half not subtracted: the kernels' work is counted as measured)."""
+    return Costs(kept=12 * width + 4 * width, backward=12 * width, attention_flops=4 * width * seq)
+
+
+def _out_features(linear):
+    return getattr(linear, "out_features", None) or linear.weight.shape[1]  # transformers' Conv1D: (in, out)
+
+
+register_form(lambda m: type(m).__name__ == "GPT2Block" and hasattr(m, "attn"),
+              lambda m, precision, seq: residual_block(m.attn.split_size))
+register_form(is_gpt2_attention, lambda m, precision, seq: attention_costs(m.split_size, seq))
+register_form(lambda m: type(m).__name__ == "GPT2MLP" and hasattr(m, "c_fc"),
+              lambda m, precision, seq: GELU.costs_at(_out_features(m.c_fc)))  # its activation, over the inner width

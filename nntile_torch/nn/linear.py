@@ -6,10 +6,18 @@ import torch
 from torch import nn
 
 from .. import config
+from ..costs import Costs, matmul_input_bytes, register_form
 from ..functional import LinearFunction
 from ..runtime import ensure_init
 from ..tensor import TileTensor, without_torch_function
 from . import _init
+
+
+def linear_costs(in_features, out_features, precision):
+    """What a matmul layer costs the memory plan per token: it keeps its input (the bf16 copy in bf16 mode) for the
+    weight's gradient; 2 x in x out forward FLOPs; its weight is read by a matmul (bias: not)."""
+    return Costs(kept=matmul_input_bytes(precision) * in_features, matmul_flops=2 * in_features * out_features,
+                 matmul_weights=("weight",))
 
 
 class Linear(nn.Module):
@@ -78,6 +86,9 @@ class Linear(nn.Module):
             y._nntile_bf16 = True  # attention on this output (F.scaled_dot_product_attention) computes in bf16 too
         return y
 
+    def plan_costs(self, precision, seq):
+        return linear_costs(self.in_features, self.out_features, precision)
+
     def extra_repr(self):
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"tile_size={self.tile_size}, precision={self.precision!r}")
@@ -125,3 +136,18 @@ class Conv1D(Linear):
 
     def extra_repr(self):
         return f"nf={self.nf}, nx={self.nx}, tile_size={self.tile_size}, precision={self.precision!r}"
+
+
+def _weight_2d(m):
+    w = getattr(m, "weight", None)
+    return w is not None and w.dim() == 2
+
+
+# The modules convert() swaps for these, described the same before the swap (a plan is made on the model as built):
+# torch.nn.Linear (weight (out, in)), transformers' Conv1D (weight (in, out)), and other classes named Linear.
+register_form(lambda m: type(m).__name__ == "Linear" and _weight_2d(m),
+              lambda m, precision, seq: linear_costs(m.weight.shape[1], m.weight.shape[0], precision))
+register_form(lambda m: type(m).__name__ == "Conv1D" and _weight_2d(m),
+              lambda m, precision, seq: linear_costs(m.weight.shape[0], m.weight.shape[1], precision))
+register_form(lambda m: isinstance(m, nn.Linear),
+              lambda m, precision, seq: linear_costs(m.in_features, m.out_features, precision))

@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from .. import config
+from ..costs import Costs, register_form
 from ..functional import DropoutFunction, GeluFunction, LayerNormFunction
 from ..runtime import ensure_init
 from ..tensor import TileTensor, without_torch_function
@@ -18,6 +19,11 @@ def _check_input(x, what):
         raise TypeError(f"{what} expects float32 input (got {x.dtype})")
     if x.dim() == 0 or x.numel() == 0:
         raise ValueError(f"{what} expects a non-empty input with at least one dimension (got {tuple(x.shape)})")
+
+
+def layer_norm_costs(width):
+    """What a layer norm costs the memory plan per token: it keeps its float32 input for the backward."""
+    return Costs(kept=4 * width)
 
 
 class LayerNorm(nn.Module):
@@ -70,6 +76,9 @@ class LayerNorm(nn.Module):
         ensure_init()
         return LayerNormFunction.apply(x, self.weight, self.bias, self.eps, self.batch_tile_size)
 
+    def plan_costs(self, precision, seq):
+        return layer_norm_costs(self.normalized_shape[0])
+
     def extra_repr(self):
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine=True"
 
@@ -96,6 +105,15 @@ class GELU(nn.Module):
         _check_input(x, "GELU")
         ensure_init()
         return GeluFunction.apply(x, self.approximate, self.batch_tile_size, self.tile_size)
+
+    def plan_costs(self, precision, seq):
+        return None  # elementwise, of no width of its own: the form around it says (GELU.costs_at)
+
+    @staticmethod
+    def costs_at(width):
+        """What GELU over `width` features costs the memory plan per token: it keeps its float32 input, and its
+        backward makes the input's gradient."""
+        return Costs(kept=4 * width, backward=4 * width)
 
     def extra_repr(self):
         return f"approximate={self.approximate!r}"
@@ -127,5 +145,13 @@ class Dropout(nn.Module):
         seed = int(torch.randint(0, 2**62, (1,)).item())
         return DropoutFunction.apply(x, self.p, seed, self.batch_tile_size, self.tile_size)
 
+    def plan_costs(self, precision, seq):
+        return Costs()  # the mask is recomputed in backward from the seed: nothing kept
+
     def extra_repr(self):
         return f"p={self.p}"
+
+
+# torch.nn.LayerNorm, which convert() swaps for LayerNorm, described the same before the swap
+register_form(lambda m: isinstance(m, nn.LayerNorm),
+              lambda m, precision, seq: layer_norm_costs(m.normalized_shape[-1]))
