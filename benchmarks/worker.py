@@ -249,15 +249,13 @@ def setup_nntile(spec, cuda, rank, world):
                        host_checkpoints=True if "hostckpt" in spec["flags"] else None)
         print(plan, flush=True)
         del shape_only
-        if ncpus is None and cuda:
-            ncpus = plan.init_kwargs().get("ncpus")
-    window = o.get("max_submitted_tasks")
-    if window is None and plan is not None:
-        window = plan.init_kwargs().get("max_submitted_tasks")
-    streams = plan.init_kwargs().get("streams_per_gpu") if plan is not None else None
-    nt.init(ncpus=ncpus, ncuda=o["ncuda"] if cuda else 0, cuda_memory_limit=o["cuda_memory_limit"],
-            host_memory_limit=o["host_memory_limit"], disk_path=o["disk_path"], disk_limit=o["disk_limit"],
-            scheduler=o["scheduler"], max_submitted_tasks=window, streams_per_gpu=streams)
+    limits = dict(ncpus=ncpus, ncuda=o["ncuda"] if cuda else 0, cuda_memory_limit=o["cuda_memory_limit"],
+                  host_memory_limit=o["host_memory_limit"], disk_path=o["disk_path"], disk_limit=o["disk_limit"],
+                  scheduler=o["scheduler"], max_submitted_tasks=o.get("max_submitted_tasks"))
+    if plan is not None:  # the plan's workers, window and streams where the options leave them unset (None)
+        plan.init(**limits)
+    else:
+        nt.init(**limits)
     dev0 = init_device(spec, cuda)
     if spec["init_device"] == "meta" or (spec["init_device"] == "auto" and cuda and 4 * spec["params"] > 0.2 * (
             torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)):
@@ -284,7 +282,7 @@ def setup_nntile(spec, cuda, rank, world):
                     + f", clip_grad_norm_ {GRAD_CLIP}")
         rows = numerics(spec)  # torch's AdamW keeps its moments in the parameters' dtype
     elif plan is not None:
-        opt = nt.optim.AdamW(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"], plan=plan)
+        opt = plan.optimizer(model.parameters(), lr=spec["lr"], weight_decay=spec["weight_decay"])
         opt_name = "nntile_torch.optim.AdamW"
         rows = numerics(spec, master="bf16 (blocks' matmul weights)" if plan.master_dtype == torch.bfloat16
                         else "fp32", moments=str(plan.state_dtype).replace("torch.", "").replace("bfloat16", "bf16")
