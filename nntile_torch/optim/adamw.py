@@ -55,6 +55,24 @@ def _grad_tiles(param):
     return _tiles_like(param, grad).tiles
 
 
+def adamw_tiles(p, grad, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step, init_state=False, seed=0):
+    """Submits one AdamW step of the tile parameter p (grad, exp_avg, exp_avg_sq: C++ tiles tiled like p's), one task
+    per tile; returns the bf16 copy of p it writes too (None when p keeps none). Shared by AdamW below and by
+    torch's own fused AdamW / Adam over tile parameters (nntile_torch/optim/torch_optim.py)."""
+    copy = None
+    if getattr(p, "_bf16_cache", None) is not None and fp32_tiles(p):  # (a bf16 master is its own copy)
+        # The next forward's bf16 copy, written by the update's own task: the same values as a conversion
+        # after it, one pass over the weight and one task per tile less (GPT-2 XL on the H200: 200 tasks and
+        # ~7 ms of a 0.31 s step). The memory plan's streaming fetches it to the GPU ahead of that forward
+        # (nntile_torch/streaming.py). Weights whose copy is made per use keep no cache and get none.
+        copy = _C.TileTensor(list(p._tiles.shape), list(p._tiles.tile_shape), "bfloat16", p._tiles.name + ".bf16")
+    _C.adamw(grad, p._tiles, exp_avg, exp_avg_sq, lr, beta1, beta2, eps, weight_decay, step, init_state, seed,
+             copy=copy)
+    if copy is not None:
+        p._bf16_cache = (p._tiles.version, copy)
+    return copy
+
+
 class AdamW(torch.optim.Optimizer):
     """AdamW with decoupled weight decay and bias correction, as torch.optim.AdamW (amsgrad=False).
 
@@ -272,18 +290,8 @@ class AdamW(torch.optim.Optimizer):
                 state["exp_avg_sq"] = _tiles_like(p, state["exp_avg_sq"], dtype, "exp_avg_sq", True)
         m, v = state["exp_avg"], state["exp_avg_sq"]
         self._tiled_states[p] = (m, v)
-        copy = None
         streamed = p in self._streamed
-        if getattr(p, "_bf16_cache", None) is not None and fp32_tiles(p):  # (a bf16 master is its own copy)
-            # The next forward's bf16 copy, written by the update's own task: the same values as a conversion
-            # after it, one pass over the weight and one task per tile less (GPT-2 XL on the H200: 200 tasks and
-            # ~7 ms of a 0.31 s step). The memory plan's streaming fetches it to the GPU ahead of that forward
-            # (nntile_torch/streaming.py). Weights whose copy is made per use keep no cache and get none.
-            copy = _C.TileTensor(list(p._tiles.shape), list(p._tiles.tile_shape), "bfloat16", p._tiles.name + ".bf16")
-        _C.adamw(grad, p._tiles, m._tiles, v._tiles, lr, beta1, beta2, eps, wd, step, fresh, self._seeds[p],
-                 copy=copy)
-        if copy is not None:
-            p._bf16_cache = (p._tiles.version, copy)
+        copy = adamw_tiles(p, grad, m._tiles, v._tiles, lr, beta1, beta2, eps, wd, step, fresh, self._seeds[p])
         if streamed:
             p._nntile_update_state = (m._tiles, v._tiles)  # the streaming fetches them ahead of the next update
             # Back to host RAM once written (an acquisition there ordered after the update), then first in the GPU's
