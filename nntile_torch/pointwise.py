@@ -188,18 +188,24 @@ def _stack(tensors, dim=0):
     return TileTensor(out, (n,), tensors[0].device)
 
 
-def _zeros_like(x, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-    """Zero-filled tiles tiled like x (optimizer states made by torch.optim: torch.zeros_like(p)); a dense tensor
-    otherwise, without waiting for x's tiles."""
-    if _ok(x) and dtype in (None, x.dtype) and layout in (None, torch.strided) \
-            and (device is None or torch.device(device) == x.device or
-                 (torch.device(device).type == x.device.type and torch.device(device).index is None)):
+def _full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+    """Tiles tiled like x filled with fill_value (optimizer states made by torch.optim: torch.zeros_like(p),
+    Adagrad's torch.full_like(p, initial_accumulator_value)); a dense tensor otherwise, without waiting for x's
+    tiles. ones_like stays dense (autograd's default gradient of a tiled loss)."""
+    same_device = device is None or torch.device(device) == x.device or (
+        torch.device(device).type == x.device.type and torch.device(device).index is None)
+    if _ok(x) and dtype in (None, x.dtype) and layout in (None, torch.strided) and _number(fill_value) \
+            and same_device:
         t = x._tiles
-        tiles = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", t.name and t.name + ".zeros",
+        tiles = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", t.name and t.name + ".full",
                               t.persistent)
-        _C.pointwise("fill", tiles, s0=0.0)
+        _C.pointwise("fill", tiles, s0=float(fill_value))
         return TileTensor(tiles, x.shape, x.device)
-    return torch.zeros(tuple(x.shape), dtype=dtype or x.dtype, device=device or x.device)
+    return torch.full(tuple(x.shape), fill_value, dtype=dtype or x.dtype, device=device or x.device)
+
+
+def _zeros_like(x, **kwargs):
+    return _full_like(x, 0.0, **kwargs)
 
 
 def _foreach(single, value_at=None, returns=True):
@@ -259,6 +265,7 @@ _HANDLERS.update({
     aten.linalg_vector_norm.default: _vector_norm,
     aten.stack.default: _stack,
     aten.zeros_like.default: _zeros_like,
+    aten.full_like.default: _full_like,
     aten._foreach_norm.Scalar: _foreach_norm,
     aten._foreach_zero_.default: _foreach(aten.zero_.default, returns=False),
     aten._foreach_sqrt.default: _foreach(aten.sqrt.default),

@@ -29,11 +29,31 @@ FORMS = [
     pytest.param("Adam", dict(ADAM, fused=True), id="Adam-fused"),
     pytest.param("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.01), id="SGD-momentum-forloop"),
     pytest.param("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.01, foreach=True), id="SGD-momentum-foreach"),
+    # beyond what nanoGPT and Hugging Face use: the same pointwise ops
+    pytest.param("Adam", dict(ADAM, maximize=True, fused=True), id="Adam-maximize-fused"),
+    pytest.param("AdamW", dict(ADAM, maximize=True), id="AdamW-maximize-forloop"),
+    pytest.param("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01), id="SGD-nesterov"),
+    pytest.param("RMSprop", dict(lr=1e-2, weight_decay=0.01), id="RMSprop"),
+    pytest.param("Adagrad", dict(lr=0.1, weight_decay=0.01), id="Adagrad"),
 ]
 
 
 def waits():
     return nt.stats()["blocking_waits"]
+
+
+@pytest.fixture
+def dense_ops(monkeypatch):
+    """The aten ops that ran as dense torch code on materialized tiles (a wait wherever the tiles are still being
+    written; on idle CPU workers the wait counter alone would miss them)."""
+    seen = []
+    fallback = nt.tensor._dense_fallback
+
+    def recording(func, args, kwargs):
+        seen.append(str(func))
+        return fallback(func, args, kwargs)
+    monkeypatch.setattr(nt.tensor, "_dense_fallback", recording)
+    return seen
 
 
 def dense(t):
@@ -61,7 +81,7 @@ def close(a, b, what=""):
 
 
 @pytest.mark.parametrize("name,kw", FORMS)
-def test_update_matches_torch_without_waits(device, name, kw):
+def test_update_matches_torch_without_waits(device, name, kw, dense_ops):
     """Identical gradients each step, lr and weight decay changed between steps: the parameters and states
     match torch's on the dense twins, and no step waits; the states are tiles tiled like their parameters."""
     ours, ref = tile_params(device)
@@ -75,7 +95,7 @@ def test_update_matches_torch_without_waits(device, name, kw):
                 group["weight_decay"] = kw["weight_decay"] * (step % 2)
         before = waits()
         opt.step()
-        assert waits() == before, f"step {step} waited on the host"
+        assert waits() == before and not dense_ops, f"step {step} waited on the host: {dense_ops}"
         ropt.step()
     for p, r in zip(ours, ref):
         assert isinstance(p, nt.TileTensor)
@@ -87,7 +107,7 @@ def test_update_matches_torch_without_waits(device, name, kw):
 
 
 @pytest.mark.parametrize("name,kw", FORMS)
-def test_state_dict_round_trip(device, name, kw):
+def test_state_dict_round_trip(device, name, kw, dense_ops):
     """state_dict() hands out ordinary tensors; a new optimizer loading it continues exactly as torch's, its states
     back in tiles (no wait in the steps after loading)."""
     ours, ref = tile_params(device)
@@ -98,6 +118,7 @@ def test_state_dict_round_trip(device, name, kw):
         opt.step()
         ropt.step()
     sd = opt.state_dict()
+    dense_ops.clear()  # reading the states for the state dict
     for state in sd["state"].values():
         for key, value in state.items():
             assert type(value) is torch.Tensor, key
@@ -107,7 +128,7 @@ def test_state_dict_round_trip(device, name, kw):
         set_grads(ours, ref, gen, device)
         before = waits()
         opt2.step()
-        assert waits() == before
+        assert waits() == before and not dense_ops, dense_ops
         ropt.step()
     for p, r in zip(ours, ref):
         close(p, r)
@@ -118,7 +139,7 @@ def test_state_dict_round_trip(device, name, kw):
 
 @pytest.mark.parametrize("foreach", [None, True], ids=["forloop", "foreach"])
 @pytest.mark.parametrize("norm_type", [2.0, math.inf, 1.0, 3.0], ids=lambda v: f"norm={v}")
-def test_clip_grad_norm(device, norm_type, foreach):
+def test_clip_grad_norm(device, norm_type, foreach, dense_ops):
     """The total norm is a 0-dim TileTensor computed by tasks; the gradients are scaled by tasks; nothing waits
     until the norm is read. Equal to torch's to float32 rounding, clipped (max_norm below the norm) or not."""
     for max_norm, scale in ((0.5, 1.0), (1e3, 1e-2)):
@@ -127,7 +148,7 @@ def test_clip_grad_norm(device, norm_type, foreach):
         set_grads(ours, ref, gen, device, scale)
         before = waits()
         total = torch.nn.utils.clip_grad_norm_(ours, max_norm, norm_type=norm_type, foreach=foreach)
-        assert waits() == before
+        assert waits() == before and not dense_ops, dense_ops
         assert isinstance(total, nt.TileTensor) and total.dim() == 0
         rtotal = torch.nn.utils.clip_grad_norm_(ref, max_norm, norm_type=norm_type, foreach=foreach)
         close(total, rtotal, "total norm")
@@ -135,26 +156,26 @@ def test_clip_grad_norm(device, norm_type, foreach):
             close(p.grad, r.grad, "clipped gradient")
 
 
-def test_clip_grad_value(device):
+def test_clip_grad_value(device, dense_ops):
     ours, ref = tile_params(device)
     set_grads(ours, ref, torch.Generator().manual_seed(4), device)
     before = waits()
     torch.nn.utils.clip_grad_value_(ours, 0.7)
-    assert waits() == before
+    assert waits() == before and not dense_ops, dense_ops
     torch.nn.utils.clip_grad_value_(ref, 0.7)
     for p, r in zip(ours, ref):
         assert torch.equal(dense(p.grad).cpu(), r.grad.cpu())
 
 
 @pytest.mark.parametrize("set_to_none", [True, False], ids=["set_to_none", "zero-in-place"])
-def test_zero_grad(device, set_to_none):
+def test_zero_grad(device, set_to_none, dense_ops):
     ours, ref = tile_params(device)
     opt = torch.optim.AdamW(ours, fused=True)
     set_grads(ours, ref, torch.Generator().manual_seed(5), device)
     grads = [p.grad for p in ours]
     before = waits()
     opt.zero_grad(set_to_none=set_to_none)
-    assert waits() == before
+    assert waits() == before and not dense_ops, dense_ops
     for p, g in zip(ours, grads):
         if set_to_none:
             assert p.grad is None
@@ -174,7 +195,7 @@ def norm_err(a, ref):
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["AdamW-forloop", "AdamW-fused"])
-def test_nanogpt_train_loop(device, fused):
+def test_nanogpt_train_loop(device, fused, dense_ops):
     """nanoGPT's train.py loop, converted with one line: its own configure_optimizers (torch.optim.AdamW in param
     groups), gradient accumulation over micro-batches, clip_grad_norm_, zero_grad(set_to_none=True), a learning rate
     set every step. The only host wait of a step is reading the loss; weights follow torch's float32 run as closely
@@ -207,6 +228,7 @@ def test_nanogpt_train_loop(device, fused):
         return step_waits, norms
 
     w_ours, n_ours = run(ours)
+    assert not [op for op in dense_ops if "_local_scalar_dense" not in op], dense_ops  # only reading the norm
     _, n_ref = run(ref)
     _, n_64 = run(ref64)
     assert w_ours == [0, 0, 0, 0], f"host waits per step: {w_ours}"
