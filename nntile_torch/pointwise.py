@@ -178,12 +178,13 @@ def _vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None):
 
 
 def _stack(tensors, dim=0):
-    """0-dim TileTensors (the per-gradient norms of clip_grad_norm_) into one (n,) TileTensor of one-value tiles."""
+    """0-dim TileTensors (the per-gradient norms of clip_grad_norm_) into one (n,) TileTensor of one tile, by one
+    task (the norm over it is then one task too, not a chain of n)."""
     if not tensors or dim not in (0, -1) or not all(_ok(t) and t.dim() == 0 for t in tensors) \
             or any(t.device != tensors[0].device for t in tensors):
         return NotImplemented
     n = len(tensors)
-    out = _C.TileTensor([n], [1], "float32", "")
+    out = _C.TileTensor([n], [n], "float32", "")
     _C.gather_scalars([t._tiles for t in tensors], out)
     return TileTensor(out, (n,), tensors[0].device)
 

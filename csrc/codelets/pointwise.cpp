@@ -1,5 +1,7 @@
 // Codelet for the generic pointwise kernel (kernels/pointwise.h): an opcode, a destination tile and up to three
 // operand tiles (each a tile like the destination, or a one-value scalar tile), a few float scalars.
+#include <vector>
+
 #include "../kernels/pointwise.h"
 #include "codelet_util.h"
 #include "codelets.h"
@@ -73,7 +75,69 @@ const char *op_name(kernels::PointwiseOp op) {
     return "pointwise";
 }
 
+// Gather: the buffer (1 + k) each output value reads (a source given twice is passed once).
+struct GatherArgs {
+    int64_t n;
+    int32_t buffer[1];  // n of them (allocated with the struct)
+};
+
+uint32_t gather_footprint(starpu_task *task) { return hash_ints({args_of<GatherArgs>(task).n}); }
+
+template <bool Cuda>
+void gather_func(void *buffers[], void *cl_arg) {
+    auto *a = static_cast<GatherArgs *>(cl_arg);
+    float *dst = (float *)STARPU_VECTOR_GET_PTR(buffers[0]);
+    std::vector<const float *> srcs((size_t)a->n);
+    for (int64_t i = 0; i < a->n; ++i) srcs[i] = (const float *)STARPU_VECTOR_GET_PTR(buffers[a->buffer[i]]);
+#ifdef NNTILE_USE_CUDA
+    if (Cuda) {
+        kernels::gather_scalars_cuda(starpu_cuda_get_local_stream(), a->n, srcs.data(), dst);
+        return;
+    }
+#endif
+    kernels::gather_scalars_cpu(a->n, srcs.data(), dst);
+}
+
+void gather_cpu_func(void *buffers[], void *cl_arg) { gather_func<false>(buffers, cl_arg); }
+#ifdef NNTILE_USE_CUDA
+void gather_cuda_func(void *buffers[], void *cl_arg) { gather_func<true>(buffers, cl_arg); }
+#else
+constexpr starpu_cuda_func_t gather_cuda_func = nullptr;
+#endif
+
+starpu_codelet *cl_gather() {
+    static starpu_codelet *cl =
+        new_codelet<gather_cpu_func, gather_cuda_func>("gather_scalars", "nntile_gather_scalars", gather_footprint);
+    return cl;
+}
+
 }  // namespace
+
+void submit_gather_scalars(const std::vector<starpu_data_handle_t> &srcs, starpu_data_handle_t dst) {
+    const int64_t n = (int64_t)srcs.size();
+    auto *args = static_cast<GatherArgs *>(std::malloc(sizeof(GatherArgs) + sizeof(int32_t) * (size_t)n));
+    NNTILE_CHECK(args != nullptr, "gather_scalars: out of memory for " << n << " values");
+    args->n = n;
+    std::vector<starpu_data_descr> descrs(1);
+    descrs[0].handle = dst;
+    descrs[0].mode = STARPU_W;
+    for (int64_t i = 0; i < n; ++i) {
+        NNTILE_CHECK(srcs[i] != dst, "gather_scalars: the result cannot be one of the sources");
+        int32_t found = -1;
+        for (size_t j = 1; j < descrs.size() && found < 0; ++j)
+            if (descrs[j].handle == srcs[i]) found = (int32_t)j;
+        if (found < 0) {
+            descrs.push_back(starpu_data_descr{srcs[i], STARPU_R});
+            found = (int32_t)descrs.size() - 1;
+        }
+        args->buffer[i] = found;
+    }
+    NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_gather(), STARPU_DATA_MODE_ARRAY, descrs.data(), (int)descrs.size(),
+                                           STARPU_CL_ARGS, args, sizeof(GatherArgs) + sizeof(int32_t) * (size_t)n,
+                                           STARPU_NAME, "gather_scalars", 0),
+                        "submitting gather_scalars n=" << n);
+    count_task();
+}
 
 void submit_pointwise(const kernels::PointwiseArgs &k, starpu_data_handle_t d, starpu_data_handle_t a,
                       starpu_data_handle_t b, starpu_data_handle_t c) {

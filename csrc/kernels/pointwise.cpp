@@ -50,4 +50,8 @@ void pointwise_cpu(const PointwiseArgs &s, float *d, const float *a, const float
 #undef NNTILE_PW_CASE
 }
 
+void gather_scalars_cpu(int64_t n, const float *const *srcs, float *dst) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = srcs[i][0];
+}
+
 }  // namespace nntile::kernels

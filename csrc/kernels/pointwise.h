@@ -55,9 +55,13 @@ struct PointwiseArgs {
 };
 
 void pointwise_cpu(const PointwiseArgs &args, float *d, const float *a, const float *b, const float *c);
+// dst[i] = srcs[i][0], i < n: n one-value tiles gathered into one tile (torch.stack of 0-dim results) in one task.
+void gather_scalars_cpu(int64_t n, const float *const *srcs, float *dst);
 #ifdef NNTILE_USE_CUDA
 void pointwise_cuda(cudaStream_t stream, const PointwiseArgs &args, float *d, const float *a, const float *b,
                     const float *c);
+// srcs: a host array of n device pointers.
+void gather_scalars_cuda(cudaStream_t stream, int64_t n, const float *const *srcs, float *dst);
 #endif
 
 }  // namespace nntile::kernels

@@ -37,6 +37,17 @@ __global__ void reduce_kernel(PointwiseArgs s, float *d, const float *a) {
     }
 }
 
+constexpr int kGatherChunk = 256;
+
+struct GatherPointers {
+    const float *p[kGatherChunk];
+};
+
+__global__ void gather_kernel(GatherPointers ptrs, int n, float *dst) {
+    const int i = threadIdx.x;
+    if (i < n) dst[i] = ptrs.p[i][0];
+}
+
 }  // namespace
 
 void pointwise_cuda(cudaStream_t stream, const PointwiseArgs &s, float *d, const float *a, const float *b,
@@ -53,6 +64,19 @@ void pointwise_cuda(cudaStream_t stream, const PointwiseArgs &s, float *d, const
     cudaError_t err = cudaGetLastError();
     NNTILE_CHECK(err == cudaSuccess, "pointwise kernel launch failed (op " << (int)s.op << ", n=" << s.n
                                                                            << "): " << cudaGetErrorString(err));
+}
+
+void gather_scalars_cuda(cudaStream_t stream, int64_t n, const float *const *srcs, float *dst) {
+    // The source pointers travel in the kernel's parameters (256 per launch: 2 KiB of the 4 KiB allowed).
+    for (int64_t start = 0; start < n; start += kGatherChunk) {
+        GatherPointers ptrs;
+        const int m = (int)std::min<int64_t>(kGatherChunk, n - start);
+        for (int j = 0; j < m; ++j) ptrs.p[j] = srcs[start + j];
+        gather_kernel<<<1, kGatherChunk, 0, stream>>>(ptrs, m, dst + start);
+        cudaError_t err = cudaGetLastError();
+        NNTILE_CHECK(err == cudaSuccess, "gather_scalars kernel launch failed (n=" << n << "): "
+                                                                                  << cudaGetErrorString(err));
+    }
 }
 
 }  // namespace nntile::kernels

@@ -32,7 +32,7 @@ void pointwise(const std::string &op, TileTensor &dst, TileTensor *a, TileTensor
 // dst (one value) = the reduction op ("sumsq", "sumabs", "sumpow" (of |x|^s0), "maxabs") of all of x, one task per
 // tile of x accumulating into dst (combined with dst's value too when accumulate).
 void pointwise_reduce(const std::string &op, TileTensor &x, TileTensor &dst, float s0, bool accumulate);
-// dst (n tiles of one value) = the n one-value tensors srcs, in order (torch.stack of 0-dim results).
+// dst (one tile of n values) = the n one-value tensors srcs, in order (torch.stack of 0-dim results), one task.
 void gather_scalars(const std::vector<TileTensor *> &srcs, TileTensor &dst);
 
 // y = gelu(x), dx = dy * gelu'(x), tile by tile (same tiling).

@@ -77,16 +77,16 @@ void pointwise_reduce(const std::string &op_name, TileTensor &x, TileTensor &dst
 
 void gather_scalars(const std::vector<TileTensor *> &srcs, TileTensor &dst) {
     require_f32(dst, "the result");
-    NNTILE_CHECK(dst.ntiles() == (int64_t)srcs.size() && dst.numel() == (int64_t)srcs.size(),
-                 "gather_scalars: the result must be " << srcs.size() << " tiles of one value (got " << dst.ntiles()
-                                                       << " tiles of " << dst.numel() << " values)");
-    for (size_t i = 0; i < srcs.size(); ++i) {
-        require_f32(*srcs[i], "a gathered value");
-        NNTILE_CHECK(srcs[i]->numel() == 1, "gather_scalars: each source must hold one value (got "
-                                                << srcs[i]->numel() << ")");
-        kernels::PointwiseArgs args{PointwiseOp::scale, 1, 1, 0, 0, 1.f, 0.f, false};
-        codelets::submit_pointwise(args, dst.handle((int64_t)i), srcs[i]->handle(0), nullptr, nullptr);
+    NNTILE_CHECK(dst.ntiles() == 1 && dst.numel() == (int64_t)srcs.size() && !srcs.empty(),
+                 "gather_scalars: the result must be one tile of " << srcs.size() << " values (got " << dst.ntiles()
+                                                                  << " tiles of " << dst.numel() << " values)");
+    std::vector<starpu_data_handle_t> handles;
+    for (TileTensor *src : srcs) {
+        require_f32(*src, "a gathered value");
+        NNTILE_CHECK(src->numel() == 1, "gather_scalars: each source must hold one value (got " << src->numel() << ")");
+        handles.push_back(src->handle(0));
     }
+    codelets::submit_gather_scalars(handles, dst.handle(0));
     dst.bump_version();
 }
 
