@@ -287,6 +287,11 @@ PYBIND11_MODULE(_C, m) {
           py::arg("stats"), py::arg("acc"), py::arg("gout"), py::arg("dlogits"), py::arg("mean"));
     m.def("embedding_backward", &ops::embedding_backward, nogil, py::arg("ids"), py::arg("dy"), py::arg("dtable"));
     m.def("convert", &ops::convert, nogil, py::arg("src"), py::arg("dst"));
+    m.def("pointwise", &ops::pointwise, nogil, py::arg("op"), py::arg("dst"), py::arg("a") = nullptr,
+          py::arg("b") = nullptr, py::arg("c") = nullptr, py::arg("s0") = 0.f, py::arg("s1") = 0.f);
+    m.def("pointwise_reduce", &ops::pointwise_reduce, nogil, py::arg("op"), py::arg("x"), py::arg("dst"),
+          py::arg("s0") = 0.f, py::arg("accumulate") = false);
+    m.def("gather_scalars", &ops::gather_scalars, nogil, py::arg("srcs"), py::arg("dst"));
     m.def("adamw", &ops::adamw, nogil, py::arg("grad"), py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
           py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
           py::arg("init_state"), py::arg("seed") = 0, py::arg("copy") = nullptr);

@@ -6,6 +6,7 @@ from .runtime import (info, init, is_running, memory_advice, memory_nodes, memor
                       reset_peak_stats, shutdown, stats, synchronize, task_trace)
 from .tensor import TileTensor
 from .param import ParamState, param_state
+from . import pointwise  # noqa: F401  (pointwise ops and norms of TileTensors as tasks: torch's optimizers, clipping)
 from . import nn, optim  # noqa: E402  (need the runtime and TileTensor)
 from .convert import convert  # noqa: E402
 from .plan import InsufficientMemoryError, MemoryPlan, plan  # noqa: E402

@@ -494,7 +494,8 @@ def _sum(self, dim=None, keepdim=False, dtype=None):
 
 def _factory_like(fill):
     """ones_like & co. need no values: a dense result, without waiting for the tiles (autograd's default
-    gradient of a tiled loss is ones_like(loss))."""
+    gradient of a tiled loss is ones_like(loss)). zeros_like gives zero-filled tiles instead (pointwise.py: the
+    optimizer states torch.optim makes with it)."""
     def handler(x, *args, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
         value = args[0] if fill is None else fill
         return torch.full(tuple(x.shape), value, dtype=dtype or x.dtype, device=device or x.device)
@@ -504,7 +505,6 @@ def _factory_like(fill):
 _HANDLERS = {
     aten.sum.dim_IntList: _sum,
     aten.ones_like.default: _factory_like(1),
-    aten.zeros_like.default: _factory_like(0),
     aten.full_like.default: _factory_like(None),
     aten.view.default: _view,
     aten.cat.default: _cat,

@@ -2,10 +2,13 @@
 #pragma once
 #include <starpu.h>
 
+#include <vector>
+
 #include "../common.h"
 #include "../kernels/adamw.h"
 #include "../kernels/dropout.h"
 #include "../kernels/gemm.h"
+#include "../kernels/pointwise.h"
 
 namespace nntile::codelets {
 
@@ -23,6 +26,13 @@ void submit_add(int64_t n, float alpha, starpu_data_handle_t x, float beta, star
 // z = alpha x + beta y over n values (z written only).
 void submit_add_into(int64_t n, float alpha, starpu_data_handle_t x, float beta, starpu_data_handle_t y,
                      starpu_data_handle_t z);
+
+// d = op(a, b, c) elementwise, or d[0] = a reduction of a (kernels/pointwise.h); absent operands are nullptr. An
+// operand that is d itself makes d read-write; d is otherwise only written (unless a reduction accumulates).
+void submit_pointwise(const kernels::PointwiseArgs &args, starpu_data_handle_t d, starpu_data_handle_t a,
+                      starpu_data_handle_t b, starpu_data_handle_t c);
+// dst (one tile of srcs.size() values) = the one-value tiles srcs, in order: one task reading all of them.
+void submit_gather_scalars(const std::vector<starpu_data_handle_t> &srcs, starpu_data_handle_t dst);
 
 // dst = src converted to dst_type (float32 <-> bfloat16, round to nearest even), n values.
 void submit_convert(int64_t n, DType src_type, starpu_data_handle_t src, DType dst_type, starpu_data_handle_t dst);

@@ -25,6 +25,16 @@ void add(float alpha, TileTensor &x, float beta, TileTensor &y);
 // z = alpha x + beta y, tile by tile (same tiling; z only written): one task per tile where a copy and an add took two.
 void add_into(float alpha, TileTensor &x, float beta, TileTensor &y, TileTensor &z);
 
+// dst = op(a, b, c) elementwise, tile by tile (kernels/pointwise.h names the ops): each operand tiled like dst or
+// holding one value (broadcast); an operand may be dst itself (in place). float32 only.
+void pointwise(const std::string &op, TileTensor &dst, TileTensor *a, TileTensor *b, TileTensor *c, float s0,
+               float s1);
+// dst (one value) = the reduction op ("sumsq", "sumabs", "sumpow" (of |x|^s0), "maxabs") of all of x, one task per
+// tile of x accumulating into dst (combined with dst's value too when accumulate).
+void pointwise_reduce(const std::string &op, TileTensor &x, TileTensor &dst, float s0, bool accumulate);
+// dst (one tile of n values) = the n one-value tensors srcs, in order (torch.stack of 0-dim results), one task.
+void gather_scalars(const std::vector<TileTensor *> &srcs, TileTensor &dst);
+
 // y = gelu(x), dx = dy * gelu'(x), tile by tile (same tiling).
 void gelu_forward(TileTensor &x, TileTensor &y, bool tanh_approx);
 void gelu_backward(TileTensor &dy, TileTensor &x, TileTensor &dx, bool tanh_approx);
