@@ -24,9 +24,11 @@ FIELDS = ("machine", "backend", "variant", "model", "config", "params", "layers"
 
 
 def harness(*args, cwd, timeout=400, **env_vars):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_vars)
-    if "NNTILE_PLAN_RATES" not in env_vars:  # conftest pins the plan's rates for test_plan; the harness records every
-        env.pop("NNTILE_PLAN_RATES", None)  # NNTILE_* setting, which these tests would then see in each row
+    # The harness records every NNTILE_* variable set as an attempt's setting: none from this process goes along
+    # (conftest's pin of the plan's rates; the patched StarPU's settings that a runtime started by an earlier test
+    # exports while it runs), only what a test gives.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NNTILE_")}
+    env.update(PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **env_vars)
     r = subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
                        timeout=timeout, check=False)
     assert r.returncode == 0, f"{args} exited {r.returncode}:\n{r.stdout}\n{r.stderr}"
