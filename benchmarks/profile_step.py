@@ -98,12 +98,12 @@ def main():
         for e in kernels:
             n, tt = by_name.get(e.name, (0, 0.0))
             by_name[e.name] = (n + 1, tt + e.device_time / 1e6)
-        top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:15]
+        top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:40]  # the tail of small kernels adds up too
         cpu_top = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
         out["profiled"] = {"wall_s": wall, "kernel_busy_s": busy, "kernels": len(kernels),
                            "top_kernels": [{"name": k[:90], "count": n, "s": s} for k, (n, s) in top]}
         print(f"profiled step: wall {wall:.3f} s, GPU kernels busy {busy:.3f} s ({len(kernels)} kernels)")
-        for k, (n, s) in top:
+        for k, (n, s) in top[:15]:
             print(f"  {s:8.4f} s  {n:6d}x  {k[:90]}")
         print(cpu_top)
     out["stats"] = nt.stats()

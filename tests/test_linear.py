@@ -10,6 +10,8 @@ SHAPES = [
     pytest.param(37, 53, (3, 11), 16, 8, id="37->53,batch=3x11,tile=16"),
     pytest.param(64, 17, (5,), 16, 4, id="64->17,batch=5,tile=16"),
     pytest.param(7, 9, (2, 3, 5), 1024, 1024, id="7->9,batch=2x3x5,one-tile"),
+    # more rows per tile than the CUDA bias-gradient kernel has row phases (128), output tiles 4 values wide or not
+    pytest.param(24, 42, (300,), 16, 512, id="24->42,batch=300,tile=16"),
 ]
 
 

@@ -133,10 +133,10 @@ print("ok")
 
 @pytest.mark.parametrize("shape,tile", [((37, 53), (16, 16)), ((5, 3, 7), (2, 3, 4))], ids=["37x53", "5x3x7"])
 @pytest.mark.parametrize("alpha", [1.0, -0.375])
-def test_sum_of_tiled_tensors_is_one_task_per_tile(shape, tile, alpha):
+def test_sum_of_tiled_tensors_is_one_task_per_tile(shape, tile, alpha, device):
     """t + alpha * u (residual connections, autograd's sums of gradients) writes fresh tiles in one add_into task
     per tile, where a copy and an add took two; the operands are left as they were."""
-    x, y = torch.randn(*shape), torch.randn(*shape)
+    x, y = torch.randn(*shape, device=device), torch.randn(*shape, device=device)
     t, u = nt.TileTensor.from_dense(x, tile), nt.TileTensor.from_dense(y, tile)
     before = nt.stats()["tasks_submitted"]
     s = torch.add(t, u, alpha=alpha)
@@ -146,7 +146,7 @@ def test_sum_of_tiled_tensors_is_one_task_per_tile(shape, tile, alpha):
     if alpha == 1.0:
         assert torch.equal(s.materialize(), x + y)
     assert torch.equal(t.materialize(), x) and torch.equal(u.materialize(), y)
-    d = torch.randn(*shape)  # a dense operand on either side: tiled like the TileTensor, then summed
+    d = torch.randn(*shape, device=device)  # a dense operand on either side: tiled like the TileTensor, then summed
     torch.testing.assert_close((d + t).materialize(), d + x, rtol=0, atol=0)
 
 
