@@ -17,25 +17,16 @@ uint32_t bias_footprint(starpu_task *task) {
     return hash_ints({a.m, a.n, a.beta == 0.f});
 }
 
-void bias_grad_cpu_func(void *buffers[], void *cl_arg) {
+// Buffers: dy, db.
+template <bool Cuda>
+void bias_grad_func(void *buffers[], void *cl_arg) {
     auto *a = static_cast<BiasArgs *>(cl_arg);
-    kernels::bias_grad_cpu(a->m, a->n, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), a->beta,
-                           (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
+    kernels::bias_grad(where<Cuda>(), a->m, a->n, (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), a->beta,
+                       (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
 }
-
-#ifdef NNTILE_USE_CUDA
-void bias_grad_cuda_func(void *buffers[], void *cl_arg) {
-    auto *a = static_cast<BiasArgs *>(cl_arg);
-    kernels::bias_grad_cuda(starpu_cuda_get_local_stream(), a->m, a->n,
-                            (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), a->beta,
-                            (float *)STARPU_VECTOR_GET_PTR(buffers[1]));
-}
-#else
-constexpr starpu_cuda_func_t bias_grad_cuda_func = nullptr;
-#endif
 
 starpu_codelet *cl_bias_grad() {
-    static starpu_codelet *cl = new_codelet<bias_grad_cpu_func, bias_grad_cuda_func>("bias_grad", "nntile_bias_grad", bias_footprint);
+    static starpu_codelet *cl = new_codelet<bias_grad_func<false>, NNTILE_CUDA_IMPL(bias_grad_func<true>)>("bias_grad", "nntile_bias_grad", bias_footprint);
     return cl;
 }
 

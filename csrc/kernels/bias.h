@@ -6,13 +6,17 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "aten_tile.h"
+
 namespace nntile::kernels {
 
 void bias_add_cpu(int64_t m, int64_t n, const float *b, float *y);
 void bias_grad_cpu(int64_t m, int64_t n, const float *dy, float beta, float *db);
+// On a GPU through ATen's column reduction (vectorized loads, rows split across blocks and summed in a fixed
+// order, so as deterministic as the CPU's); on the CPU bias_grad_cpu.
+void bias_grad(const Where &w, int64_t m, int64_t n, const float *dy, float beta, float *db);
 #ifdef NNTILE_USE_CUDA
 void bias_add_cuda(cudaStream_t stream, int64_t m, int64_t n, const float *b, float *y);
-void bias_grad_cuda(cudaStream_t stream, int64_t m, int64_t n, const float *dy, float beta, float *db);
 #endif
 
 }  // namespace nntile::kernels
