@@ -13,8 +13,8 @@ def grads(module, x, gy, params=()):
     return y, torch.autograd.grad(y, [x, *params], gy)
 
 
-@pytest.mark.parametrize("shape,btile", [((3, 11, 53), 8), ((5, 96), 2), ((1, 7), 1024)],
-                         ids=["3x11x53,rows=8", "5x96,rows=2", "1x7,one-tile"])
+@pytest.mark.parametrize("shape,btile", [((3, 11, 53), 8), ((5, 96), 2), ((1, 7), 1024), ((2, 300, 1601), 512)],
+                         ids=["3x11x53,rows=8", "5x96,rows=2", "1x7,one-tile", "2x300x1601,rows=512"])
 def test_layer_norm_matches_torch(device, shape, btile):
     c = shape[-1]
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-// LayerNorm through ATen on tiles (CPU and CUDA; the CUDA forward is layer_norm_cuda.cu's).
+// LayerNorm on tiles: ATen on the CPU; on GPUs layer_norm_cuda.cu's kernels (the same numbers to rounding).
 #include "layer_norm.h"
 
 namespace nntile::kernels {
@@ -22,6 +22,20 @@ void layer_norm_forward(const Where &w, int64_t m, int64_t c, float eps, const f
 void layer_norm_backward(const Where &w, int64_t m, int64_t c, const float *dy, const float *x, const float *mean,
                          const float *rstd, const float *weight, float *dx, float *dweight, float *dbias, float beta) {
     StreamScope scope(w);
+#ifdef NNTILE_USE_CUDA
+    if (w.cuda) {
+        // ATen's backward writes new tensors that are then copied into the tiles (and its column sums were ~3x the
+        // bytes' time on the H200): one row kernel and a two-stage column sum instead. The scratch comes from
+        // torch's caching allocator on this stream.
+        at::Tensor partials;
+        if (dweight || dbias)
+            partials = at::empty({2 * layer_norm_backward_chunks(m) * c},
+                                 at::TensorOptions().dtype(at::kFloat).device(at::kCUDA, w.device));
+        layer_norm_backward_cuda(static_cast<cudaStream_t>(w.stream), m, c, dy, x, mean, rstd, weight, dx, dweight,
+                                 dbias, beta, partials.defined() ? partials.data_ptr<float>() : nullptr);
+        return;
+    }
+#endif
     std::optional<at::Tensor> wt;
     if (weight) wt = wrap(weight, {c}, w);
     // ATen takes the bias only for the shape of its gradient; the weight has that shape.

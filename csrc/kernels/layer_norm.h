@@ -16,6 +16,12 @@ void layer_norm_forward(const Where &w, int64_t m, int64_t c, float eps, const f
 #ifdef NNTILE_USE_CUDA
 void layer_norm_forward_cuda(cudaStream_t stream, int64_t m, int64_t c, float eps, const float *x,
                              const float *weight, const float *bias, float *y, float *mean, float *rstd);
+// Row chunks of the backward's column sums: enough blocks to fill a GPU, each chunk at least 64 rows.
+inline int64_t layer_norm_backward_chunks(int64_t m) { return m < 128 ? 1 : m / 64 < 256 ? m / 64 : 256; }
+// partials: 2 * layer_norm_backward_chunks(m) * c floats of scratch.
+void layer_norm_backward_cuda(cudaStream_t stream, int64_t m, int64_t c, const float *dy, const float *x,
+                              const float *mean, const float *rstd, const float *weight, float *dx, float *dweight,
+                              float *dbias, float beta, float *partials);
 #endif
 // dx (m, c) written; dweight, dbias (c,) accumulated (beta = 0 overwrites them, 1 adds). Null when absent.
 void layer_norm_backward(const Where &w, int64_t m, int64_t c, const float *dy, const float *x, const float *mean,
