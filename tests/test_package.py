@@ -63,6 +63,38 @@ def test_no_import_cycles_in_the_package():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def _private_tile_uses(path):
+    """(line, what) for each use in `path` of a TileTensor's private fields (._tiles, ._view, ._dense_cache), a raw
+    _C.TileTensor(...) construction or tensor.py's handler tables."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in ("_tiles", "_view", "_dense_cache", "_HANDLERS"):
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Name) and node.id in ("_HANDLERS", "FUNCTIONS", "_TILE_DTYPES", "_DTYPES"):
+            found.append((node.lineno, node.id))
+        elif isinstance(node, ast.alias) and node.name in ("_HANDLERS", "FUNCTIONS", "_TILE_DTYPES", "_DTYPES"):
+            found.append((getattr(node, "lineno", 0), node.name))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "TileTensor" \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "_C":
+            found.append((node.lineno, "_C.TileTensor(...)"))
+    return found
+
+
+def test_only_tensor_py_touches_the_tiles_private_parts():
+    """Outside tensor.py the C++ tiles are reached through TileTensor's public API (t.tiles, t.tiles_dtype,
+    new_tiles, tiles_like, same_tiling, dtype_of: torch dtypes at the seam) and the torch functions and aten ops run
+    as tile tasks are registered with register_tile_function / register_tile_op, not written into its tables."""
+    uses = {str(f.relative_to(ROOT)): u for f in sorted(PACKAGE.rglob("*.py")) if f.name != "tensor.py"
+            for u in [_private_tile_uses(f)] if u}
+    assert not uses, uses
+
+
+def test_the_seam_check_sees_what_it_forbids(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from .tensor import FUNCTIONS\nx._tiles\nt = _C.TileTensor([1], [1], 'float32', '')\n")
+    assert [w for _, w in _private_tile_uses(bad)] == ["FUNCTIONS", "_tiles", "_C.TileTensor(...)"]
+
+
 def test_pyproject_declares_what_pip_needs():
     """pip install . reads the name, version, Python and the in-tree backend from pyproject.toml; the backend
     exposes the PEP 517 and PEP 660 hooks (wheel and editable)."""

@@ -18,17 +18,17 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 
 from .. import _C
-from ..tensor import TileTensor, _dense_fallback, fp32_tiles
+from ..tensor import TileTensor, _dense_fallback, fp32_tiles, register_tile_op, same_tiling, tiles_like
 
 aten = torch.ops.aten
 
 
 def _ok(x):
-    return isinstance(x, TileTensor) and x._view is None and fp32_tiles(x)
+    return isinstance(x, TileTensor) and not x.is_view and fp32_tiles(x)
 
 
 def _tiled_like(p, x):
-    return _ok(x) and x.shape == p.shape and x._tiles.same_tiling(p._tiles)
+    return _ok(x) and same_tiling(x, p)
 
 
 def step_value(t):
@@ -56,13 +56,13 @@ def _fused_adam(decoupled):
         if tiled and isinstance(lr, torch.Tensor):
             lr = lr.item()
         for i in tiled:
-            p, g = params[i], grads[i]._tiles
+            p, g = params[i], grads[i].tiles
             step = int(round(step_value(state_steps[i])))
             l2 = 0.0 if decoupled else float(weight_decay)
             if maximize or l2:  # Adam: the gradient + wd * p (torch's fused kernel computes that, then Adam)
                 t = g
-                g = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "")
-                _C.add_into(-1.0 if maximize else 1.0, t, l2, p._tiles, g)
+                g = tiles_like(t)
+                _C.add_into(-1.0 if maximize else 1.0, t, l2, p.tiles, g)
             adamw_update(p, g, exp_avgs[i], exp_avg_sqs[i], lr, beta1, beta2, eps,
                          float(weight_decay) if decoupled else 0.0, step, False, 0)
         rest = [i for i in range(len(params)) if i not in set(tiled)]
@@ -83,11 +83,10 @@ def _fused_adam(decoupled):
 
 
 def _register():
-    from ..tensor import _HANDLERS
     for decoupled, name in ((True, "_fused_adamw_"), (False, "_fused_adam_")):
         op = getattr(aten, name)
-        _HANDLERS[op.default] = _fused_adam(decoupled)
-        _HANDLERS[op.tensor_lr] = _fused_adam(decoupled)
+        register_tile_op(op.default, _fused_adam(decoupled))
+        register_tile_op(op.tensor_lr, _fused_adam(decoupled))
 
 
 def _dense_state(optimizer, state_dict):
@@ -120,9 +119,8 @@ def _retile_states(optimizer, args, kwargs):
         for name, v in list(state.items()):
             if isinstance(v, torch.Tensor) and not isinstance(v, TileTensor) and name != "step" \
                     and v.shape == p.shape and v.dtype == torch.float32:
-                t = p._tiles
-                tiles = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", t.name and f"{t.name}.{name}",
-                                      t.persistent)
+                t = p.tiles
+                tiles = tiles_like(t, name=t.name and f"{t.name}.{name}", persistent=t.persistent)
                 tiles.from_dense(v.detach().to(p.device).reshape(tuple(t.shape)))
                 state[name] = TileTensor(tiles, p.shape, p.device)
 
