@@ -30,6 +30,7 @@ from .nn import GELU, Conv1D, Dropout, Embedding, LayerNorm, Linear
 from .nn.embedding import check_indices_now
 from .nn._init import no_init
 from .nn.gpt2 import is_gpt2_attention, patch_gpt2_attention
+from .owners import module_record
 from .param import param_state
 from .recognize import gelu_like, layer_norm_like
 from .report import ConvertReport, register
@@ -293,9 +294,9 @@ def convert(model, precision=None, tile_size=None, batch_tile_size=None, init=No
     # Embeddings left as torch code get their indices checked first, because an out-of-range index on a GPU is
     # a device-side assert that poisons the CUDA context (StarPU's included) instead of an error.
     for name, m in model.named_modules():
-        if type(m) is nn.Embedding and not getattr(m, "_nntile_checked", False):
+        if type(m) is nn.Embedding and not module_record(m).index_checked:
             m.register_forward_pre_hook(_index_check(name or "embedding"))
-            m._nntile_checked = True
+            module_record(m).index_checked = True
     if plan is not None:
         plan.install(model)
     register(model, report)

@@ -1,6 +1,7 @@
 """Autograd Functions whose forward and backward submit tile tasks (no waits)."""
 import functools
 import math
+import weakref
 
 import torch
 
@@ -13,6 +14,9 @@ F = torch.nn.functional
 _NO_IGNORE = -(2**63)  # index_check's `ignore` when every value must be in range
 
 
+_FREED = weakref.WeakSet()  # the autograd contexts whose saved tiles frees_saved() let go
+
+
 def frees_saved(backward):
     """Wraps an autograd Function's backward: what its forward kept on ctx (tiles of activations, the bf16 copy
     of a weight) goes as soon as backward has used it, as torch frees save_for_backward's tensors. Kept on ctx,
@@ -22,7 +26,7 @@ def frees_saved(backward):
     (retain_graph=True) raises instead of reading freed tiles."""
     @functools.wraps(backward)
     def run(ctx, *grads):
-        if getattr(ctx, "_nntile_freed", False):
+        if ctx in _FREED:
             raise RuntimeError("backward through an nntile_torch op a second time: its saved tiles were freed by the "
                                "first backward (retain_graph=True is not supported by nntile_torch ops)")
         try:
@@ -30,7 +34,7 @@ def frees_saved(backward):
         finally:
             for name in list(vars(ctx)):
                 delattr(ctx, name)
-            ctx._nntile_freed = True
+            _FREED.add(ctx)
     return run
 
 
@@ -391,7 +395,7 @@ def tiled_scaled_dot_product_attention(query, key, value, attn_mask=None, dropou
     elif not is_causal:
         mask = attention_mask_tiles(torch.zeros((), device=query.device), b, seq, t.tile_shape[0], query.device)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    return HeadsAttentionFunction.apply(query, key, value, mask, scale, bool(getattr(query, "_nntile_bf16", False)))
+    return HeadsAttentionFunction.apply(query, key, value, mask, scale, bool(getattr(query, "made_in_bf16", False)))
 
 
 def check_indices(idx, num_embeddings, what):

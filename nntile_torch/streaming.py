@@ -24,6 +24,7 @@ import weakref
 import torch
 
 from . import _C
+from .owners import module_record
 from .param import param_state
 from .tensor import TileTensor
 
@@ -218,14 +219,15 @@ def install(model, plan):
     if old is not None:
         old.remove()
     new = Streamer(model, plan)
-    model._nntile_streamer = new  # kept on the model (its lifetime), read through streamer() only
+    module_record(model).streamer = new  # as long as the model lives, read through streamer() only
     return new
 
 
 def streamer(model):
     """The Streamer that a memory plan installed on `model` (nt.convert(..., plan=) does), or None: its settings
     (nodes, state_ahead) and counters (state_fetches, checkpoint_moves), and its plan (`.plan`)."""
-    return getattr(model, "_nntile_streamer", None)
+    record = module_record(model, create=False)
+    return record.streamer if record is not None else None
 
 
 def checkpoint_blocks(model, path):
@@ -233,11 +235,12 @@ def checkpoint_blocks(model, path):
     torch.utils.checkpoint around every block's forward)."""
     from torch.utils.checkpoint import checkpoint
     for block in _module(model, path):
-        if getattr(block, "_nntile_checkpointed", False):
+        record = module_record(block)
+        if record.checkpointed:
             continue
         forward = block.forward
 
         def run(*args, _forward=forward, **kwargs):
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
         block.forward = run
-        block._nntile_checkpointed = True
+        record.checkpointed = True

@@ -126,6 +126,10 @@ def without_torch_function(fn):
 
 
 class TileTensor(torch.Tensor):
+    # Made by a bf16 layer (nn.Linear with precision="bf16": it sets this), and so are the views of it: attention on
+    # it (F.scaled_dot_product_attention) computes in bf16 too.
+    made_in_bf16 = False
+
     @staticmethod
     def __new__(cls, tiles, shape=None, device=None, requires_grad=False, view=None):
         """view: None (the values are the tiles' elements in order), or (strides, offset) into those elements."""
@@ -489,14 +493,14 @@ def _view_op(func, *args, **kwargs):
     except RuntimeError:
         return NotImplemented  # not a view of these strides: the dense path does what torch does (or raises)
 
-    bf16 = getattr(x, "_nntile_bf16", False)
+    bf16 = x.made_in_bf16
 
     def as_view(r):
         if not isinstance(r, torch.Tensor) or r.dtype != x.dtype:
             raise _NotAView
         v = view_of(x._tiles, r.shape, r.stride(), r.storage_offset(), x.device)
         if bf16:
-            v._nntile_bf16 = True  # made by a bf16 layer: attention on it runs in bf16 too
+            v.made_in_bf16 = True
         return v
     try:
         return type(out)(as_view(r) for r in out) if isinstance(out, (list, tuple)) else as_view(out)

@@ -95,6 +95,30 @@ def test_the_seam_check_sees_what_it_forbids(tmp_path):
     assert [w for _, w in _private_tile_uses(bad)] == ["FUNCTIONS", "_tiles", "_C.TileTensor(...)"]
 
 
+def _nntile_attributes(path):
+    """(line, name) for each `_nntile_*` attribute that `path` writes or reads by name on an object."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_nntile_"):
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("_nntile_"):
+            found.append((node.lineno, node.value))  # getattr(x, "_nntile_...")
+    return found
+
+
+def test_no_private_attributes_on_the_users_objects_but_the_parameters_state(tmp_path):
+    """What nntile_torch keeps about a user's model, modules, optimizers and tensors lives in its owner records
+    (owners.py; param.ParamState for a parameter, reached by its one attribute _nntile_state), not in _nntile_*
+    attributes set across modules."""
+    uses = {str(f.relative_to(ROOT)): u for f in sorted(PACKAGE.rglob("*.py"))
+            for u in [[x for x in _nntile_attributes(f) if not (f.name == "param.py" and x[1] == "_nntile_state")]]
+            if u}
+    assert not uses, uses
+    bad = tmp_path / "bad.py"  # the check sees what it forbids
+    bad.write_text("model._nntile_report = 1\ngetattr(model, '_nntile_streamer', None)\n")
+    assert [n for _, n in _nntile_attributes(bad)] == ["_nntile_report", "_nntile_streamer"]
+
+
 def test_pyproject_declares_what_pip_needs():
     """pip install . reads the name, version, Python and the in-tree backend from pyproject.toml; the backend
     exposes the PEP 517 and PEP 660 hooks (wheel and editable)."""

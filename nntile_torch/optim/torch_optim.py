@@ -18,6 +18,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 
 from .. import _C
+from ..owners import STEP_VALUES, optimizer_record
 from ..tensor import TileTensor, _dense_fallback, fp32_tiles, register_tile_op, same_tiling, tiles_like
 
 aten = torch.ops.aten
@@ -37,11 +38,11 @@ def step_value(t):
     if not isinstance(t, torch.Tensor):
         return float(t)
     version = t._version
-    known = getattr(t, "_nntile_step", None)  # (id, version, value) when read; a copy (deepcopy) carries it: id differs
-    if known is not None and known[0] == id(t) and known[1] <= version:
-        return known[2] + (version - known[1])
+    known = STEP_VALUES.get(t)  # (version, value) when read
+    if known is not None and known[0] <= version:
+        return known[1] + (version - known[0])
     value = float(t.item())
-    t._nntile_step = (id(t), version, value)
+    STEP_VALUES[t] = (version, value)
     return value
 
 
@@ -100,18 +101,19 @@ def _retile_states(optimizer, args, kwargs):
     """Global step pre-hook: on an optimizer's first step and after each load_state_dict (a new state dict), tile
     parameters' dense states of the parameter's shape (loaded ones) go back into tiles tiled like the parameter
     (no wait: a copy of a dense tensor into new tiles), and state_dict() is given its dense post-hook."""
-    if getattr(optimizer, "_nntile_seen_state", None) is optimizer.state:
+    record = optimizer_record(optimizer)
+    if record.seen_state is optimizer.state:
         return
-    optimizer._nntile_seen_state = optimizer.state
+    record.seen_state = optimizer.state
     from .adamw import AdamW
     if isinstance(optimizer, AdamW):
         return  # nntile's own AdamW keeps its states itself
     tiled = [p for g in optimizer.param_groups for p in g["params"] if _ok(p)]
     if not tiled:
         return
-    if not getattr(optimizer, "_nntile_hooked", False):
+    if not record.hooked:
         optimizer.register_state_dict_post_hook(_dense_state)
-        optimizer._nntile_hooked = True
+        record.hooked = True
     for p in tiled:
         state = optimizer.state.get(p)
         if not state:
