@@ -117,8 +117,8 @@ def evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
                 # block's write-back and the next fetch)
                 g["streamed state (GPU updates)"] = block_bytes
             if bf16_master and c:  # a CPU-updated bf16 master's GPU copy is invalidated by the update and its
-                # buffer kept until the next forward fetches the new value into it (30B on the H200: 24.1 GiB of
-                # stale buffers measured, these bytes to 0.1 GiB: benchmarks/results/h200/memory_plan_v3)
+                # buffer kept until the next forward fetches the new value into it (docs/measurements.md, "Stale
+                # bf16 masters")
                 g["stale bf16 masters (CPU-updated)"] = 2 * cpu_mm
         g["reserve (allocator, cache)"] = max(cap.gpu_bytes // 25, min(2 * GiB, cap.gpu_bytes // 10))
     h = tiers["host"]

@@ -305,11 +305,11 @@ def convert(model, precision=None, tile_size=None, batch_tile_size=None, init=No
         warnings.warn("nntile_torch.convert: these modules run as dense torch code: " + "; ".join(
             f"{n or '(model)'} ({t}: {why})" for n, t, why in report.dense) + " (nt.convert_report(model) says more)",
             stacklevel=2)
-    # Converting leaves many long-lived Python objects (tiles, handles, modules: a GPT-2 XL's process holds ~430k).
-    # Python runs a full collection, which scans every object, once enough of them have piled up since the last
-    # one: it came in the fifth to seventh training step, 0.25-0.28 s with the submitting thread stopped and the
-    # GPU idle (a GPT-2 XL step is 0.31 s on the H200). Collecting here, where the caller waits anyway, clears that
-    # backlog; the steps themselves leave few objects behind, so the next full collection is far off.
+    # Converting leaves many long-lived Python objects (tiles, handles, modules). Python runs a full collection,
+    # which scans every object, once enough of them have piled up since the last one: it came in the first training
+    # steps, with the submitting thread stopped and the GPU idle (docs/measurements.md, "Garbage collection").
+    # Collecting here, where the caller waits anyway, clears that backlog; the steps themselves leave few objects
+    # behind, so the next full collection is far off.
     gc.collect()
     return model
 

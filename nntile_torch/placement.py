@@ -163,9 +163,9 @@ def choose(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_bac
             raise InsufficientMemoryError("no placement fits")
         return None
     if not feasible:
-        # Checkpoints in host RAM are not taken by default: the one run that needed them (13B at batch 96 on the
-        # H200, benchmarks/results/h200/capacity_v1) stalled in its first step with the GPU full of freed
-        # activation buffers. The error names them when they would make it fit by the arithmetic.
+        # Checkpoints in host RAM are not taken by default: the one run that needed them stalled in its first step
+        # with the GPU full of freed activation buffers (docs/measurements.md, "Checkpoints in host RAM"). The
+        # error names them when they would make it fit by the arithmetic.
         hc_fits = False
         if host_checkpoints is None and cap.gpu_bytes and checkpointing is not False and facts.n_layer:
             masters = choices(master_dtype, [torch.float32] + ([torch.bfloat16] if bf16_possible else []))

@@ -224,8 +224,8 @@ class MemoryPlan:
             state = param_state(p)
             state.name = name  # what adamw_kwargs finds the plan's parameters by
             # Beyond GPU memory a bf16 matmul's input is cast by a task of its own: cast inside the GEMM (the
-            # default) the GEMM's task holds the float32 source and its bf16 copy at once, and 13B at batch 32 took
-            # 5 GiB more host RAM (107.4 against 102.2 GiB; benchmarks/results/h200/inside_gpu_v3).
+            # default) the GEMM's task holds the float32 source and its bf16 copy at once, more host RAM
+            # (docs/measurements.md, "Casts apart").
             state.cast_apart = self.beyond_gpu
             if name in per_use:  # its bf16 copy is made per use from now on; the kept one goes
                 state.bf16_per_use = True

@@ -65,10 +65,9 @@ class Streamer:
         self.host = set(plan.host_block_indices)
         self.gpu_updated = set(getattr(plan, "gpu_update_block_indices", ()))
         self.lookahead = plan.lookahead
-        # Early fetch of the GPU updates' state (step 4 above): off by default, because on the H200 at 20B batch 16 it
-        # made the step slower (10.9 s against 9.3 without, same call: benchmarks/results/h200/memory_plan_v3): the GPU
-        # is full there, and room for a block's state fetched early is made by evicting live tiles. 0 turns it on
-        # (the harness's variant statefetch).
+        # Early fetch of the GPU updates' state (step 4 above): off by default, because where the GPU is full the
+        # room for a block's state fetched early is made by evicting live tiles, and the step was slower
+        # (docs/measurements.md, "Early state fetch"). 0 turns it on (the harness's variant statefetch).
         self.state_ahead = None
         self._state_fetched = None  # the lowest block whose state this backward has fetched
         self._state_known = set()  # GPU-updated blocks whose state existed when this step's forward began

@@ -250,9 +250,8 @@ class AdamW(torch.optim.Optimizer):
         super().zero_grad(set_to_none)
 
     def _update(self, group, p):
-        # Once per parameter per step on the submitting thread: kept free of torch dispatch where it can be (48
-        # layers = 580 parameters; the submission of an update took ~85 us here, 2026-12-01, ~39 after, ~23 with
-        # TileTensor.__torch_function__ skipped: benchmarks/submission.py, medians of 6 alternating runs).
+        # Once per parameter per step on the submitting thread: kept free of torch dispatch where it can be
+        # (docs/measurements.md, "Submitting an update").
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         tiled = type(p) is TileTensor and p.dtype == torch.float32  # fp32 tiles, or bf16 ones (bf16 master weights)
         if not (tiled and type(p.grad) is TileTensor) and p.grad.is_sparse:  # tiles are never sparse
