@@ -293,7 +293,7 @@ def _empty_tiles_like(t):
     """New, unwritten C++ tiles with t's shape, tiling, dtype, name, persistence and logical dtype."""
     logical = getattr(t, "logical_dtype", None)
     return new_tiles(t.shape, t.tile_shape, dtype_of(t), t.name, t.persistent,
-                     _DTYPES[logical] if logical is not None else None)
+                     _DTYPES[logical] if logical else None)
 
 
 def fp32_tiles(x):
