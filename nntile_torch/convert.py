@@ -30,6 +30,7 @@ from .nn import GELU, Conv1D, Dropout, Embedding, LayerNorm, Linear
 from .nn.embedding import check_indices_now
 from .nn._init import no_init
 from .nn.gpt2 import is_gpt2_attention, patch_gpt2_attention
+from .owners import module_record
 from .param import param_state
 from .recognize import gelu_like, layer_norm_like
 from .report import ConvertReport, register
@@ -293,9 +294,9 @@ def convert(model, precision=None, tile_size=None, batch_tile_size=None, init=No
     # Embeddings left as torch code get their indices checked first, because an out-of-range index on a GPU is
     # a device-side assert that poisons the CUDA context (StarPU's included) instead of an error.
     for name, m in model.named_modules():
-        if type(m) is nn.Embedding and not getattr(m, "_nntile_checked", False):
+        if type(m) is nn.Embedding and not module_record(m).index_checked:
             m.register_forward_pre_hook(_index_check(name or "embedding"))
-            m._nntile_checked = True
+            module_record(m).index_checked = True
     if plan is not None:
         plan.install(model)
     register(model, report)
@@ -304,11 +305,11 @@ def convert(model, precision=None, tile_size=None, batch_tile_size=None, init=No
         warnings.warn("nntile_torch.convert: these modules run as dense torch code: " + "; ".join(
             f"{n or '(model)'} ({t}: {why})" for n, t, why in report.dense) + " (nt.convert_report(model) says more)",
             stacklevel=2)
-    # Converting leaves many long-lived Python objects (tiles, handles, modules: a GPT-2 XL's process holds ~430k).
-    # Python runs a full collection, which scans every object, once enough of them have piled up since the last
-    # one: it came in the fifth to seventh training step, 0.25-0.28 s with the submitting thread stopped and the
-    # GPU idle (a GPT-2 XL step is 0.31 s on the H200). Collecting here, where the caller waits anyway, clears that
-    # backlog; the steps themselves leave few objects behind, so the next full collection is far off.
+    # Converting leaves many long-lived Python objects (tiles, handles, modules). Python runs a full collection,
+    # which scans every object, once enough of them have piled up since the last one: it came in the first training
+    # steps, with the submitting thread stopped and the GPU idle (docs/measurements.md, "Garbage collection").
+    # Collecting here, where the caller waits anyway, clears that backlog; the steps themselves leave few objects
+    # behind, so the next full collection is far off.
     gc.collect()
     return model
 

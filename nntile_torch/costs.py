@@ -1,4 +1,4 @@
-"""What one module costs a training step, as the memory plan (nntile_torch/plan.py) adds it up: each module form
+"""What one module costs a training step, as the memory plan (nntile_torch/accounting.py) adds it up: each module form
 describes itself (docs/memory_plan.md, "What the modules say"), the plan sums the descriptions and searches.
 
 A description is a `Costs`, per token of the batch at one precision. It comes, in this order, from the module's own

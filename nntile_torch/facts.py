@@ -170,8 +170,8 @@ def model_facts(model):
 # LayerNorm's input, each matmul's input (bf16 in bf16 mode), qkv and the attention output, GELU's input). The peak
 # comes either at the head's backward (logits, their gradient and its bf16 copy beside every block's kept tensors)
 # or inside one block's backward (its gradients, and with checkpointing its recomputed tensors), not both: the
-# larger of the two counts. Against the H200's 13B at batch 32 (checkpointing): 41.9 GiB planned, 38.7 measured
-# (peak tiles less the persistent ones, gradients in flight included); the CPU's tests within 35% (test_plan.py).
+# larger of the two counts. How close it comes: docs/measurements.md, "Activation estimate"; the CPU's tests hold it
+# within 35% (test_plan.py).
 
 def activation_bytes(facts, batch, seq, precision, checkpointing):
     c = facts.costs(precision, seq)

@@ -1,15 +1,20 @@
 """Autograd Functions whose forward and backward submit tile tasks (no waits)."""
 import functools
 import math
+import weakref
 
 import torch
 
 from . import _C
 from .param import bf16_like, param_state, to_bf16
-from .tensor import _TILE_DTYPES, FUNCTIONS, TileTensor, plain, view_of, without_torch_function
+from .tensor import (TileTensor, dtype_of, new_tiles, plain, register_tile_function, tiles_like, view_of,
+                     without_torch_function)
 
 F = torch.nn.functional
 _NO_IGNORE = -(2**63)  # index_check's `ignore` when every value must be in range
+
+
+_FREED = weakref.WeakSet()  # the autograd contexts whose saved tiles frees_saved() let go
 
 
 def frees_saved(backward):
@@ -21,7 +26,7 @@ def frees_saved(backward):
     (retain_graph=True) raises instead of reading freed tiles."""
     @functools.wraps(backward)
     def run(ctx, *grads):
-        if getattr(ctx, "_nntile_freed", False):
+        if ctx in _FREED:
             raise RuntimeError("backward through an nntile_torch op a second time: its saved tiles were freed by the "
                                "first backward (retain_graph=True is not supported by nntile_torch ops)")
         try:
@@ -29,7 +34,7 @@ def frees_saved(backward):
         finally:
             for name in list(vars(ctx)):
                 delattr(ctx, name)
-            ctx._nntile_freed = True
+            _FREED.add(ctx)
     return run
 
 
@@ -49,10 +54,10 @@ def tiles_of(shape, tile_shape, value, dtype=torch.float32, name="", persistent=
     """value (dense or TileTensor) as C++ tiles of that shape, tiling and dtype (its own tiles when they are; new
     ones get `name` and `persistent`, see TileTensor.empty)."""
     if plain(value) and list(value.tiles.shape) == list(shape) \
-            and list(value.tiles.tile_shape) == list(tile_shape) and value.tiles.dtype == _TILE_DTYPES[dtype]:
+            and list(value.tiles.tile_shape) == list(tile_shape) and value.tiles_dtype == dtype:
         return value.tiles
     dense = _retiled(value, tile_shape)
-    t = _C.TileTensor(list(shape), list(tile_shape), _TILE_DTYPES[dtype], name, persistent)
+    t = new_tiles(shape, tile_shape, dtype, name, persistent)
     t.from_dense(dense.detach().to(dtype).reshape(tuple(shape)))
     return t
 
@@ -78,7 +83,7 @@ def as_matrix_tiles(x, row_tile, col_tile):
     if plain(x) and list(x.tiles.shape) == [m, k] and list(x.tiles.tile_shape) == want:
         return x.tiles
     dense = _retiled(x, want)
-    t = _C.TileTensor([m, k], want, "float32", "")
+    t = new_tiles([m, k], want)
     t.from_dense(dense.detach().reshape(m, k))
     return t
 
@@ -87,7 +92,7 @@ def _bf16_input(t, apart):
     """A bf16 matmul's input A as (bf16 tiles, float32 source or None). With a source, the GEMM writes the bf16 tiles
     itself, inside its first task that reads each tile (gemm's a_source): no task of its own between the producer of
     A and the GEMM, where the GPU would idle while StarPU dispatches it. apart: a convert task makes them first."""
-    if t.dtype == "bfloat16":
+    if dtype_of(t) == torch.bfloat16:
         return t, None
     return (to_bf16(t), None) if apart else (bf16_like(t), t)
 
@@ -106,7 +111,7 @@ class LinearFunction(torch.autograd.Function):
     @without_torch_function
     def forward(ctx, x, weight, bias, batch_tile, precision, w_in_out=False):
         wt = weight.tiles
-        if wt.dtype != "float32" and precision != "bf16":
+        if dtype_of(wt) != torch.float32 and precision != "bf16":
             raise TypeError(f"a bf16 master weight is read by bf16 matmuls only (precision 'bf16'; this one's is "
                             f"{precision!r})")
         k_dim, n_dim = (0, 1) if w_in_out else (1, 0)
@@ -119,7 +124,7 @@ class LinearFunction(torch.autograd.Function):
             (x2, source), wc, mode = _bf16_input(x2, apart), state.weight_bf16(), "fp32"
         else:
             wc, mode = wt, precision
-        y = _C.TileTensor([m, n], [x2.tile_shape[0], wt.tile_shape[n_dim]], "float32", "linear.y")
+        y = new_tiles([m, n], [x2.tile_shape[0], wt.tile_shape[n_dim]], name="linear.y")
         # the bias is added by the GEMM (cuBLASLt's epilogue on GPUs)
         _C.gemm(False, x2, not w_in_out, wc, y, 1.0, 0.0, mode, bias=None if bias is None else bias.tiles,
                 a_source=source)
@@ -146,18 +151,18 @@ class LinearFunction(torch.autograd.Function):
             dyc, source = _bf16_input(dy2, ctx.cast_apart or not ctx.needs_input_grad[0])
         dx = dw = db = None
         if ctx.needs_input_grad[0]:  # dx = dy W (N, K layout) or dy W^T (K, N layout)
-            g = _C.TileTensor(list(x2.shape), list(x2.tile_shape), "float32", "linear.dx")
+            g = tiles_like(x2, name="linear.dx")
             _C.gemm(False, dyc, io, wc, g, 1.0, 0.0, mode, a_source=source)
             dx = TileTensor(g, ctx.x_shape, ctx.x_device)
         if ctx.needs_input_grad[1]:  # dW = dy^T x (N, K) or x^T dy (K, N)
-            g = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "linear.dw")
+            g = tiles_like(wt, name="linear.dw")
             if io:
                 _C.gemm(True, x2, False, dyc, g, 1.0, 0.0, mode, k_over_places=True)
             else:
                 _C.gemm(True, dyc, False, x2, g, 1.0, 0.0, mode, k_over_places=True)
             dw = TileTensor(g, wt.shape, ctx.saved_device)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            g = _C.TileTensor([n], [n_tile], "float32", "linear.db")
+            g = new_tiles([n], [n_tile], name="linear.db")
             _C.bias_grad(dy2, g, 0.0)
             db = TileTensor(g, [n], ctx.saved_device)
         return dx, dw, db, None, None, None
@@ -171,7 +176,7 @@ class GeluFunction(torch.autograd.Function):
     @without_torch_function
     def forward(ctx, x, approximate, batch_tile, tile):
         xt = x.tiles if plain(x) else as_matrix_tiles(x, batch_tile, tile)
-        y = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "gelu.y")
+        y = tiles_like(xt, name="gelu.y")
         _C.gelu_forward(xt, y, approximate == "tanh")
         keep(ctx, x.device, xt)
         ctx.tanh, ctx.x_shape, ctx.x_device = approximate == "tanh", x.shape, x.device
@@ -182,7 +187,7 @@ class GeluFunction(torch.autograd.Function):
     @frees_saved
     def backward(ctx, dy):
         (xt,) = kept(ctx)
-        dx = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "gelu.dx")
+        dx = tiles_like(xt, name="gelu.dx")
         _C.gelu_backward(tiles_of(xt.shape, xt.tile_shape, dy), xt, dx, ctx.tanh)
         return TileTensor(dx, ctx.x_shape, ctx.x_device), None, None, None
 
@@ -196,7 +201,7 @@ class DropoutFunction(torch.autograd.Function):
     @without_torch_function
     def forward(ctx, x, p, seed, batch_tile, tile):
         xt = x.tiles if plain(x) else as_matrix_tiles(x, batch_tile, tile)
-        y = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "dropout.y")
+        y = tiles_like(xt, name="dropout.y")
         _C.dropout(xt, y, p, seed)
         ctx.tiling = (list(xt.shape), list(xt.tile_shape))  # the mask is recomputed from the seed: x is not kept
         ctx.p, ctx.seed, ctx.x_shape, ctx.x_device = p, seed, x.shape, x.device
@@ -207,7 +212,7 @@ class DropoutFunction(torch.autograd.Function):
     @frees_saved
     def backward(ctx, dy):
         shape, tile_shape = ctx.tiling
-        dx = _C.TileTensor(shape, tile_shape, "float32", "dropout.dx")
+        dx = new_tiles(shape, tile_shape, name="dropout.dx")
         _C.dropout(tiles_of(shape, tile_shape, dy), dx, ctx.p, ctx.seed)
         return TileTensor(dx, ctx.x_shape, ctx.x_device), None, None, None, None
 
@@ -225,9 +230,9 @@ class LayerNormFunction(torch.autograd.Function):
             batch_tile = x.tiles.tile_shape[0]
         xt = as_matrix_tiles(x, batch_tile, c)
         m, bt = xt.shape[0], xt.tile_shape[0]
-        y = _C.TileTensor([m, c], [bt, c], "float32", "layer_norm.y")
-        mean = _C.TileTensor([m], [bt], "float32", "layer_norm.mean")
-        rstd = _C.TileTensor([m], [bt], "float32", "layer_norm.rstd")
+        y = new_tiles([m, c], [bt, c], name="layer_norm.y")
+        mean = new_tiles([m], [bt], name="layer_norm.mean")
+        rstd = new_tiles([m], [bt], name="layer_norm.rstd")
         _C.layer_norm_forward(xt, weight.tiles, _zeros(weight.tiles) if bias is None else bias.tiles, float(eps), y,
                               mean, rstd)
         keep(ctx, x.device, xt, mean, rstd)
@@ -240,9 +245,9 @@ class LayerNormFunction(torch.autograd.Function):
     @frees_saved
     def backward(ctx, dy):
         (xt, mean, rstd), wt = kept(ctx), ctx.wt
-        dx = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "layer_norm.dx")
-        dw = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "layer_norm.dw")
-        db = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "layer_norm.db")
+        dx = tiles_like(xt, name="layer_norm.dx")
+        dw = tiles_like(wt, name="layer_norm.dw")
+        db = tiles_like(wt, name="layer_norm.db")
         _C.layer_norm_backward(tiles_of(xt.shape, xt.tile_shape, dy), xt, mean, rstd, wt, dx, dw, db)
         return (TileTensor(dx, ctx.x_shape, ctx.x_device), TileTensor(dw, wt.shape, ctx.w_device),
                 TileTensor(db, wt.shape, ctx.w_device) if ctx.has_bias else None, None, None)
@@ -256,7 +261,7 @@ def _zeros(like):
     key = (tuple(like.shape), tuple(like.tile_shape))
     z = _ZEROS.get(key)
     if z is None:
-        z = _C.TileTensor(list(like.shape), list(like.tile_shape), "float32", "zeros")
+        z = tiles_like(like, name="zeros")
         z.from_dense(torch.zeros(tuple(like.shape)))
         _ZEROS[key] = z
     return z
@@ -274,7 +279,7 @@ class CausalAttentionFunction(torch.autograd.Function):
     def forward(ctx, qkv, nheads, scale, bf16=False, mask=None):
         t = qkv.tiles
         b, seq, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
-        y = _C.TileTensor([t.shape[0], c], [t.tile_shape[0], c], "float32", "attention.y")
+        y = new_tiles([t.shape[0], c], [t.tile_shape[0], c], name="attention.y")
         _C.attention_forward(t, y, seq, nheads, scale, bf16, mask)
         keep(ctx, qkv.device, t, y)
         ctx.seq, ctx.nheads, ctx.scale, ctx.bf16, ctx.mask = seq, nheads, scale, bf16, mask
@@ -286,7 +291,7 @@ class CausalAttentionFunction(torch.autograd.Function):
     @frees_saved
     def backward(ctx, dy):
         t, y = kept(ctx)
-        dqkv = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "attention.dqkv")
+        dqkv = tiles_like(t, name="attention.dqkv")
         _C.attention_backward(tiles_of(y.shape, y.tile_shape, dy), t, dqkv, ctx.seq, ctx.nheads, ctx.scale, ctx.bf16,
                               ctx.mask)
         return TileTensor(dqkv, ctx.shape, ctx.device), None, None, None, None
@@ -305,7 +310,7 @@ class HeadsAttentionFunction(torch.autograd.Function):
         t = q.tiles
         b, h, seq, d = q.shape
         c = h * d
-        y = _C.TileTensor([t.shape[0], c], [t.tile_shape[0], c], "float32", "attention.y")
+        y = new_tiles([t.shape[0], c], [t.tile_shape[0], c], name="attention.y")
         _C.attention_forward(t, y, seq, h, scale, bf16, mask)
         keep(ctx, q.device, t, y)
         ctx.geometry = [(tuple(z.shape), tuple(z.stride()), z.storage_offset()) for z in (q, k, v)]
@@ -319,7 +324,7 @@ class HeadsAttentionFunction(torch.autograd.Function):
         t, y = kept(ctx)
         b, h, seq, d = dy.shape
         dy2 = dy.transpose(1, 2).reshape(b * seq, h * d)  # views of the tiles when dy is the output's geometry
-        dqkv = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "attention.dqkv")
+        dqkv = tiles_like(t, name="attention.dqkv")
         _C.attention_backward(tiles_of(y.shape, y.tile_shape, dy2), t, dqkv, ctx.seq, ctx.h, ctx.scale, ctx.bf16,
                               ctx.mask)
         grads = tuple(view_of(dqkv, shape, stride, offset, ctx.device) for shape, stride, offset in ctx.geometry)
@@ -354,7 +359,7 @@ def attention_mask_tiles(mask, b, seq, row_tile, device):
     else:
         dense = m.to(torch.float32)
     dense = dense.expand(b, 1, seq, seq).reshape(b * seq, seq)
-    tiles = _C.TileTensor([b * seq, seq], [row_tile, seq], "float32", "attention.mask")
+    tiles = new_tiles([b * seq, seq], [row_tile, seq], name="attention.mask")
     tiles.from_dense(dense.to(device))
     _mask_cache[0] = (mask, mask._version, (b, seq, row_tile), tiles)
     return tiles
@@ -374,7 +379,7 @@ def tiled_scaled_dot_product_attention(query, key, value, attn_mask=None, dropou
         return NotImplemented
     b, h, seq, d = query.shape
     c = h * d
-    if list(t.shape) != [b * seq, 3 * c] or t.grid[1] != 1 or t.tile_shape[0] % seq or t.dtype != "float32":
+    if list(t.shape) != [b * seq, 3 * c] or t.grid[1] != 1 or t.tile_shape[0] % seq or dtype_of(t) != torch.float32:
         return NotImplemented
     heads = (seq * 3 * c, d, 3 * c, 1)
     for z, offset in ((query, 0), (key, c), (value, 2 * c)):
@@ -390,7 +395,7 @@ def tiled_scaled_dot_product_attention(query, key, value, attn_mask=None, dropou
     elif not is_causal:
         mask = attention_mask_tiles(torch.zeros((), device=query.device), b, seq, t.tile_shape[0], query.device)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    return HeadsAttentionFunction.apply(query, key, value, mask, scale, bool(getattr(query, "_nntile_bf16", False)))
+    return HeadsAttentionFunction.apply(query, key, value, mask, scale, bool(getattr(query, "made_in_bf16", False)))
 
 
 def check_indices(idx, num_embeddings, what):
@@ -432,11 +437,11 @@ class EmbeddingFunction(torch.autograd.Function):
     def forward(ctx, ids, weight, batch_tile, check=None):
         wt = weight.tiles
         m, c = ids.numel(), wt.shape[1]
-        idt = _C.TileTensor([m], [min(batch_tile, m)], "int64", "embedding.ids")
+        idt = new_tiles([m], [min(batch_tile, m)], torch.int64, name="embedding.ids")
         idt.from_dense(ids.detach().reshape(m).long())
         if check is not None:  # ids on a GPU: checked by a task (an error at the next wait), not by a host read
             _C.index_check(idt, 0, wt.shape[0], _NO_IGNORE, check)
-        out = _C.TileTensor([m, c], [idt.tile_shape[0], c], "float32", "embedding.out")
+        out = new_tiles([m, c], [idt.tile_shape[0], c], name="embedding.out")
         _C.embedding_forward(idt, wt, out)
         keep(ctx, ids.device, idt)
         ctx.wt, ctx.out_tiling, ctx.w_device = wt, (list(out.shape), list(out.tile_shape)), weight.device
@@ -447,7 +452,7 @@ class EmbeddingFunction(torch.autograd.Function):
     @frees_saved
     def backward(ctx, dy):
         wt = ctx.wt
-        dw = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "embedding.dweight")
+        dw = tiles_like(wt, name="embedding.dweight")
         (idt,) = kept(ctx)
         _C.embedding_backward(idt, tiles_of(*ctx.out_tiling, dy), dw)
         return None, TileTensor(dw, wt.shape, ctx.w_device), None, None
@@ -467,13 +472,13 @@ class CrossEntropyFunction(torch.autograd.Function):
     def forward(ctx, logits, labels, mean, check_ignore=None):
         lt = logits.tiles
         m = lt.shape[0]
-        lab = _C.TileTensor([m], [lt.tile_shape[0]], "int64", "ce.labels")
+        lab = new_tiles([m], [lt.tile_shape[0]], torch.int64, name="ce.labels")
         lab.from_dense(labels.detach().reshape(m).long())
         if check_ignore is not None:  # labels on a GPU: checked by a task (an error at the next wait)
             _C.index_check(lab, 0, lt.shape[1], check_ignore, "cross_entropy")
-        stats = _C.TileTensor([m, 3], [lt.tile_shape[0], 3], "float32", "ce.stats")
-        acc = _C.TileTensor([2], [2], "float32", "ce.acc")
-        loss = _C.TileTensor([1], [1], "float32", "ce.loss")
+        stats = new_tiles([m, 3], [lt.tile_shape[0], 3], name="ce.stats")
+        acc = new_tiles([2], [2], name="ce.acc")
+        loss = new_tiles([1], [1], name="ce.loss")
         _C.cross_entropy_forward(lab, lt, stats, acc, loss, mean)
         keep(ctx, logits.device, lab, lt, stats, acc, loss)
         ctx.mean, ctx.device = mean, logits.device
@@ -484,7 +489,7 @@ class CrossEntropyFunction(torch.autograd.Function):
     @frees_saved
     def backward(ctx, gout):
         (lab, lt, stats, acc, loss), mean, device = kept(ctx), ctx.mean, ctx.device
-        dl = _C.TileTensor(list(lt.shape), list(lt.tile_shape), "float32", "ce.dlogits")
+        dl = tiles_like(lt, name="ce.dlogits")
         _C.cross_entropy_backward(lab, lt, stats, acc, tiles_of(loss.shape, loss.tile_shape, gout), dl, mean)
         return TileTensor(dl, tuple(lt.shape), device), None, None, None
 
@@ -572,12 +577,8 @@ def tiled_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.
     return EmbeddingFunction.apply(input, weight, DEFAULT_BATCH_TILE_SIZE, check)
 
 
-FUNCTIONS.update({
-    F.cross_entropy: tiled_cross_entropy,
-    F.layer_norm: tiled_layer_norm,
-    torch.layer_norm: tiled_layer_norm,
-    F.gelu: tiled_gelu,
-    F.dropout: tiled_dropout,
-    F.scaled_dot_product_attention: tiled_scaled_dot_product_attention,
-    F.embedding: tiled_embedding,
-})
+for _func, _impl in ((F.cross_entropy, tiled_cross_entropy), (F.layer_norm, tiled_layer_norm),
+                     (torch.layer_norm, tiled_layer_norm), (F.gelu, tiled_gelu), (F.dropout, tiled_dropout),
+                     (F.scaled_dot_product_attention, tiled_scaled_dot_product_attention),
+                     (F.embedding, tiled_embedding)):
+    register_tile_function(_func, _impl)

@@ -23,6 +23,7 @@ import torch
 
 from . import _C
 from .runtime import host_tasks
+from .tensor import dtype_of, new_tiles, tiles_like
 
 UPDATE_PLACES = ("any", "cpu", "streamed")
 _NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it twice is fine
@@ -30,12 +31,12 @@ _NO_CONTEXT = contextlib.nullcontext()  # reusable: entering it twice is fine
 
 def bf16_like(tiles):
     """New, unwritten bf16 tiles with the shape and tiling of `tiles` (named after them)."""
-    return _C.TileTensor(list(tiles.shape), list(tiles.tile_shape), "bfloat16", tiles.name + ".bf16")
+    return tiles_like(tiles, torch.bfloat16, name=tiles.name + ".bf16")
 
 
 def to_bf16(tiles):
     """bfloat16 copy of C++ tiles, one convert task per tile (the same tiles when they already are bf16)."""
-    if tiles.dtype == "bfloat16":
+    if dtype_of(tiles) == torch.bfloat16:
         return tiles
     b = bf16_like(tiles)
     _C.convert(tiles, b)
@@ -87,7 +88,7 @@ class ParamState:
         param = self._param()
         if not hasattr(param, "tiles"):  # a dense parameter (the plan names those too)
             return param.dtype
-        return torch.bfloat16 if param.tiles.dtype == "bfloat16" else torch.float32
+        return param.tiles_dtype
 
     @property
     def on_host(self):
@@ -115,12 +116,11 @@ class ParamState:
         keeps there)."""
         param = self._param()
         t = param.tiles
-        if t.dtype != "float32" or param.dtype != torch.float32:
-            raise TypeError(f"a bf16 master weight is made from a float32 tile parameter (got tiles of {t.dtype})")
-        b = _C.TileTensor(list(t.shape), list(t.tile_shape), "bfloat16", t.name, t.persistent)
+        if dtype_of(t) != torch.float32 or param.dtype != torch.float32:
+            raise TypeError(f"a bf16 master weight is made from a float32 tile parameter (got tiles of {dtype_of(t)})")
+        b = new_tiles(t.shape, t.tile_shape, torch.bfloat16, t.name, t.persistent, logical_dtype=torch.float32)
         with host_tasks() if on_host else _NO_CONTEXT:
             _C.convert(t, b)
-        b.logical_dtype = "float32"
         param.replace_tiles(b)
         self._bf16 = None
 
@@ -166,7 +166,7 @@ class ParamState:
         """The tiles the matmuls read now (the streaming prefetches them): in bf16 mode the kept copy of the current
         weight version (None if there is none yet) or a bf16 master itself; otherwise the weight's tiles."""
         t = self.tiles
-        if not bf16 or t.dtype != "float32":
+        if not bf16 or dtype_of(t) != torch.float32:
             return t
         cache = self._bf16
         return cache[1] if cache is not None and cache[0] == t.version else None
@@ -192,7 +192,7 @@ class ParamState:
         forward. Only for a float32 master whose copy is kept and was made at least once (one made per use is never
         kept; a bf16 master is its own copy)."""
         t = self.tiles
-        if self._bf16 is not None and t.dtype == "float32":
+        if self._bf16 is not None and dtype_of(t) == torch.float32:
             return bf16_like(t)
         return None
 

@@ -14,13 +14,13 @@ NotImplemented, and TileTensor's dense fallback runs torch's own code, correct b
 import torch
 
 from . import _C
-from .tensor import _HANDLERS, TileTensor, _add, _add_, fp32_tiles
+from .tensor import TileTensor, _add, _add_, fp32_tiles, new_tiles, register_tile_op, same_tiling, tiles_like
 
 aten = torch.ops.aten
 
 
 def _ok(x):
-    return isinstance(x, TileTensor) and x._view is None and fp32_tiles(x)
+    return isinstance(x, TileTensor) and not x.is_view and fp32_tiles(x)
 
 
 def _number(x):
@@ -33,21 +33,21 @@ def _operand(like, x):
     if not _ok(x) or x.device != like.device:
         return None
     if x.numel() == 1 and x.dim() <= like.dim():
-        return x._tiles
-    if x.shape == like.shape and x._tiles.same_tiling(like._tiles):
-        return x._tiles
+        return x.tiles
+    if same_tiling(x, like):
+        return x.tiles
     return None
 
 
 def _new_like(x):
     """Fresh (unwritten) float32 tiles tiled like x: a temporary, so neither named nor persistent."""
-    t = x._tiles
-    return _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "")
+    t = x.tiles
+    return tiles_like(t)
 
 
 def scalar_tile(device):
     """A 0-dim float32 TileTensor over one fresh, unwritten one-value tile."""
-    return TileTensor(_C.TileTensor([1], [1], "float32", ""), (), device)
+    return TileTensor(new_tiles([1], [1]), (), device)
 
 
 def _map(op, self, operands=(), s0=0.0, s1=0.0, inplace=False):
@@ -61,7 +61,7 @@ def _map(op, self, operands=(), s0=0.0, s1=0.0, inplace=False):
             return NotImplemented
         tiles.append(t)
     if inplace:
-        _C.pointwise(op, self._tiles, *tiles, s0=float(s0), s1=float(s1))
+        _C.pointwise(op, self.tiles, *tiles, s0=float(s0), s1=float(s1))
         return self
     out = _new_like(self)
     _C.pointwise(op, out, *tiles, s0=float(s0), s1=float(s1))
@@ -163,17 +163,17 @@ def _vector_norm(self, ord=2, dim=None, keepdim=False, dtype=None):
     out = scalar_tile(self.device)
     ord = float(ord)
     if ord == float("inf"):
-        _C.pointwise_reduce("maxabs", self._tiles, out._tiles)
+        _C.pointwise_reduce("maxabs", self.tiles, out.tiles)
     elif ord == 1:
-        _C.pointwise_reduce("sumabs", self._tiles, out._tiles)
+        _C.pointwise_reduce("sumabs", self.tiles, out.tiles)
     elif ord == 2:
-        _C.pointwise_reduce("sumsq", self._tiles, out._tiles)
-        _C.pointwise("sqrt", out._tiles, out._tiles)
+        _C.pointwise_reduce("sumsq", self.tiles, out.tiles)
+        _C.pointwise("sqrt", out.tiles, out.tiles)
     else:
-        _C.pointwise_reduce("sumpow", self._tiles, out._tiles, s0=ord)
-        _C.pointwise("pow", out._tiles, out._tiles, s0=1.0 / ord)
+        _C.pointwise_reduce("sumpow", self.tiles, out.tiles, s0=ord)
+        _C.pointwise("pow", out.tiles, out.tiles, s0=1.0 / ord)
     if keepdim:
-        return TileTensor(out._tiles, (1,) * self.dim(), self.device)
+        return TileTensor(out.tiles, (1,) * self.dim(), self.device)
     return out
 
 
@@ -184,8 +184,8 @@ def _stack(tensors, dim=0):
             or any(t.device != tensors[0].device for t in tensors):
         return NotImplemented
     n = len(tensors)
-    out = _C.TileTensor([n], [n], "float32", "")
-    _C.gather_scalars([t._tiles for t in tensors], out)
+    out = new_tiles([n], [n])
+    _C.gather_scalars([t.tiles for t in tensors], out)
     return TileTensor(out, (n,), tensors[0].device)
 
 
@@ -197,9 +197,8 @@ def _full_like(x, fill_value, dtype=None, layout=None, device=None, pin_memory=N
         torch.device(device).type == x.device.type and torch.device(device).index is None)
     if _ok(x) and dtype in (None, x.dtype) and layout in (None, torch.strided) and _number(fill_value) \
             and same_device:
-        t = x._tiles
-        tiles = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", t.name and t.name + ".full",
-                              t.persistent)
+        t = x.tiles
+        tiles = tiles_like(t, name=t.name and t.name + ".full", persistent=t.persistent)
         _C.pointwise("fill", tiles, s0=float(fill_value))
         return TileTensor(tiles, x.shape, x.device)
     return torch.full(tuple(x.shape), fill_value, dtype=dtype or x.dtype, device=device or x.device)
@@ -232,7 +231,7 @@ def _foreach_norm(tensors, ord=2, dtype=None):
     return [aten.linalg_vector_norm.default(t, ord, None, False, dtype=dtype) for t in tensors]
 
 
-_HANDLERS.update({
+for _op, _impl in {
     aten.mul_.Tensor: _mul(True),
     aten.mul_.Scalar: _mul(True),
     aten.mul.Tensor: _mul(False),
@@ -280,7 +279,8 @@ _HANDLERS.update({
     aten._foreach_addcdiv_.Scalar: _foreach(aten.addcdiv_.default, 3, returns=False),
     aten._foreach_addcdiv_.ScalarList: _foreach(aten.addcdiv_.default, 3, returns=False),
     aten._foreach_addcdiv_.Tensor: _foreach(aten.addcdiv_.default, 3, returns=False),
-})
+}.items():
+    register_tile_op(_op, _impl)
 for _name, _single_ in (("mul", "mul"), ("div", "div"), ("add", "add")):
     for _overload in ("Scalar", "ScalarList", "List", "Tensor"):
         for _inplace in (True, False):
@@ -288,4 +288,4 @@ for _name, _single_ in (("mul", "mul"), ("div", "div"), ("add", "add")):
             _op = getattr(_op, _overload, None) if _op is not None else None
             if _op is not None:
                 _single = getattr(aten, f"{_single_}{'_' if _inplace else ''}").Tensor
-                _HANDLERS[_op] = _foreach(_single, returns=not _inplace)
+                register_tile_op(_op, _foreach(_single, returns=not _inplace))

@@ -20,9 +20,7 @@ H200_DEFAULTS = "H200 defaults"
 class Rates:
     """What the step-time prediction assumes of the machine (defaults: one H200, measured in
     benchmarks/results/h200; docs/memory_plan.md says how they were fitted)."""
-    # Fitted to the three steps of benchmarks/results/h200/memory_plan_v5 (13B batch 32, 20B and 30B batch 16, their
-    # placements pinned; GPU buffers from the pool, the CPU AdamW vectorized): +6%, -10%, -5% (the rates before
-    # them, fitted on memory_plan_v2, predicted +20%, +17%, +36%).
+    # Fitted to whole steps on one H200 (docs/measurements.md, "The plan's default rates").
     gemm_flops: float = 680e12  # bf16 GEMM rate on large tiles; tf32 and fp32 below
     gemm_flops_tf32: float = 340e12
     gemm_flops_fp32: float = 50e12

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
+from .owners import module_record
+
 _owners = weakref.WeakKeyDictionary()  # module -> (report, its name in the converted model)
 # graph task id of a backward call -> the report of the converted model whose outputs it went through; the newest
 # few only (a graph task ends with its backward call, and its id is never reused)
@@ -70,18 +72,20 @@ class ConvertReport:
 
 
 def register(model, report):
-    model._nntile_report = report
+    record = module_record(model)
+    record.report = report
     for name, m in model.named_modules():
         _owners[m] = (report, name)
-    if not getattr(model, "_nntile_backward_marked", False):  # convert() of a converted model: one hook
+    if not record.backward_marked:  # convert() of a converted model: one hook
         model.register_forward_hook(_mark_backward)
-        model._nntile_backward_marked = True
+        record.backward_marked = True
 
 
 def _mark_backward(model, args, output):
     """Hooks the converted model's outputs: the backward call that reaches them (their gradient is computed before
     any of the model's own backward nodes runs) belongs to the model from there on."""
-    report = getattr(model, "_nntile_report", None)
+    record = module_record(model, create=False)
+    report = record.report if record is not None else None
     if report is None or not torch.is_grad_enabled():
         return
     ref = weakref.ref(report)
@@ -101,7 +105,8 @@ def _enter_backward(ref):
 
 def convert_report(model):
     """The ConvertReport of a converted model (what was swapped, what stays dense and why, dense ops seen)."""
-    report = getattr(model, "_nntile_report", None)
+    record = module_record(model, create=False)
+    report = record.report if record is not None else None
     if report is None:
         raise ValueError(f"{type(model).__name__} was not converted by nntile_torch.convert()")
     return report

@@ -24,6 +24,7 @@ import weakref
 import torch
 
 from . import _C
+from .owners import module_record
 from .param import param_state
 from .tensor import TileTensor
 
@@ -64,10 +65,9 @@ class Streamer:
         self.host = set(plan.host_block_indices)
         self.gpu_updated = set(getattr(plan, "gpu_update_block_indices", ()))
         self.lookahead = plan.lookahead
-        # Early fetch of the GPU updates' state (step 4 above): off by default, because on the H200 at 20B batch 16 it
-        # made the step slower (10.9 s against 9.3 without, same call: benchmarks/results/h200/memory_plan_v3): the GPU
-        # is full there, and room for a block's state fetched early is made by evicting live tiles. 0 turns it on
-        # (the harness's variant statefetch).
+        # Early fetch of the GPU updates' state (step 4 above): off by default, because where the GPU is full the
+        # room for a block's state fetched early is made by evicting live tiles, and the step was slower
+        # (docs/measurements.md, "Early state fetch"). 0 turns it on (the harness's variant statefetch).
         self.state_ahead = None
         self._state_fetched = None  # the lowest block whose state this backward has fetched
         self._state_known = set()  # GPU-updated blocks whose state existed when this step's forward began
@@ -218,14 +218,15 @@ def install(model, plan):
     if old is not None:
         old.remove()
     new = Streamer(model, plan)
-    model._nntile_streamer = new  # kept on the model (its lifetime), read through streamer() only
+    module_record(model).streamer = new  # as long as the model lives, read through streamer() only
     return new
 
 
 def streamer(model):
     """The Streamer that a memory plan installed on `model` (nt.convert(..., plan=) does), or None: its settings
     (nodes, state_ahead) and counters (state_fetches, checkpoint_moves), and its plan (`.plan`)."""
-    return getattr(model, "_nntile_streamer", None)
+    record = module_record(model, create=False)
+    return record.streamer if record is not None else None
 
 
 def checkpoint_blocks(model, path):
@@ -233,11 +234,12 @@ def checkpoint_blocks(model, path):
     torch.utils.checkpoint around every block's forward)."""
     from torch.utils.checkpoint import checkpoint
     for block in _module(model, path):
-        if getattr(block, "_nntile_checkpointed", False):
+        record = module_record(block)
+        if record.checkpointed:
             continue
         forward = block.forward
 
         def run(*args, _forward=forward, **kwargs):
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
         block.forward = run
-        block._nntile_checkpointed = True
+        record.checkpointed = True

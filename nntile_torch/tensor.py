@@ -26,6 +26,8 @@ from .runtime import ensure_init
 
 aten = torch.ops.aten
 _disabled_torch_function = torch._C._disabled_torch_function_impl
+# The C++ tiles name their element type by a string; everything in Python speaks torch dtypes, and these two maps
+# (through tiles_dtype_name and dtype_of) are the one place they meet.
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
 _TILE_DTYPES = {v: k for k, v in _DTYPES.items()}
 # torch functions on TileTensors that become tile tasks (functional.py fills it in): the function people call
@@ -53,6 +55,54 @@ def register_tile_function(func, impl):
     FUNCTIONS[func] = impl
 
 
+def register_tile_op(op, impl):
+    """Calls of the aten overload `op` (aten.add_.Tensor, aten._fused_adam_.default, ...) on TileTensors go to
+    `impl` first (__torch_dispatch__); it returns NotImplemented for what it does not cover, which then runs on
+    dense copies. Like register_tile_function, registered by the module that implements it (pointwise.py,
+    optim/torch_optim.py), so that this module imports none of them."""
+    _HANDLERS[op] = impl
+
+
+# --- the C++ tiles, with torch dtypes at the seam ---------------------------------------------------------------
+def tiles_dtype_name(dtype):
+    """The C++ tiles' name of a torch dtype (torch.float32 -> "float32"): the one conversion."""
+    try:
+        return _TILE_DTYPES[dtype]
+    except KeyError:
+        raise TypeError(f"tiles hold torch.float32, torch.bfloat16 or torch.int64 (got {dtype})") from None
+
+
+def dtype_of(tiles):
+    """The torch dtype of the elements C++ `tiles` (or a TileTensor's tiles) hold: torch.bfloat16 for a bf16 master
+    weight's tiles, whose TileTensor is float32."""
+    if isinstance(tiles, TileTensor):
+        tiles = tiles._tiles
+    return _DTYPES[tiles.dtype]
+
+
+def new_tiles(shape, tile_shape, dtype=torch.float32, name="", persistent=False, logical_dtype=None):
+    """New, unwritten C++ tiles (write them before reading) of `shape` in tiles of `tile_shape` (edge tiles may be
+    partial) holding `dtype`. name: what StarPU's traces and nt._C.live_tile_tensors() call them; persistent: they
+    live as long as the model (parameters, optimizer states) and may get home buffers in host RAM; logical_dtype:
+    the dtype a TileTensor over them has (torch.float32 over bf16 tiles: a bf16 master weight)."""
+    t = _C.TileTensor(list(shape), list(tile_shape), tiles_dtype_name(dtype), name, persistent)
+    if logical_dtype is not None:
+        t.logical_dtype = tiles_dtype_name(logical_dtype)
+    return t
+
+
+def tiles_like(like, dtype=torch.float32, name="", persistent=False):
+    """New, unwritten C++ tiles with the shape and tiling of `like` (C++ tiles or a TileTensor's)."""
+    if isinstance(like, TileTensor):
+        like = like._tiles
+    return new_tiles(like.shape, like.tile_shape, dtype, name, persistent)
+
+
+def same_tiling(a, b):
+    """Whether TileTensors a and b have the same shape over tiles of the same shape, tiling and dtype."""
+    return a.shape == b.shape and a._tiles.same_tiling(b._tiles)
+
+
 def _full_device(device):
     """torch.device with an index for CUDA (autograd's engine needs one to pick its device queue)."""
     if type(device) is torch.device and (device.index is not None or device.type != "cuda"):
@@ -76,6 +126,10 @@ def without_torch_function(fn):
 
 
 class TileTensor(torch.Tensor):
+    # Made by a bf16 layer (nn.Linear with precision="bf16": it sets this), and so are the views of it: attention on
+    # it (F.scaled_dot_product_attention) computes in bf16 too.
+    made_in_bf16 = False
+
     @staticmethod
     def __new__(cls, tiles, shape=None, device=None, requires_grad=False, view=None):
         """view: None (the values are the tiles' elements in order), or (strides, offset) into those elements."""
@@ -115,16 +169,16 @@ class TileTensor(torch.Tensor):
         """Uninitialised tiles (write them before reading). persistent: a tensor that lives as long as the model
         (parameters, optimizer states), which may get home buffers in host RAM (NNTILE_HOST_HOMES)."""
         ensure_init()
-        if dtype not in _TILE_DTYPES:
+        if dtype not in (torch.float32, torch.bfloat16):
             raise TypeError(f"tile dtype must be torch.float32 or torch.bfloat16 (got {dtype})")
-        return cls(_C.TileTensor(list(shape), list(tile_shape), _TILE_DTYPES[dtype], name, persistent), device=device)
+        return cls(new_tiles(shape, tile_shape, dtype, name, persistent), device=device)
 
     @classmethod
     def from_dense(cls, tensor, tile_shape, tiled_shape=None):
         """Copies `tensor` into new tiles of `tile_shape` (tiled as `tiled_shape`, default its own shape)."""
         ensure_init()
         tiled_shape = tuple(tensor.shape if tiled_shape is None else tiled_shape)
-        t = _C.TileTensor(list(tiled_shape), list(tile_shape), _TILE_DTYPES.get(tensor.dtype, "float32"), "")
+        t = new_tiles(tiled_shape, tile_shape, tensor.dtype if tensor.dtype in _TILE_DTYPES else torch.float32)
         t.from_dense(tensor.detach().reshape(tiled_shape))
         return cls(t, tensor.shape, tensor.device)
 
@@ -133,6 +187,18 @@ class TileTensor(torch.Tensor):
     def tiles(self):
         """The C++ tiled tensor (shape, tile_shape, grid, ...)."""
         return self._tiles
+
+    @property
+    def tiles_dtype(self):
+        """The torch dtype the tiles hold (torch.bfloat16 under a bf16 master weight, whose dtype is float32)."""
+        return _DTYPES[self._tiles.dtype]
+
+    @property
+    def is_view(self):
+        """Whether this is a strided view of its tiles' elements (not them in order: see plain())."""
+        return self._view is not None
+
+    new_tiles = staticmethod(new_tiles)
 
     def replace_tiles(self, tiles):
         """Puts other C++ tiles of the same values under this tensor (a bf16 master weight's: ParamState); the
@@ -185,7 +251,7 @@ class TileTensor(torch.Tensor):
             new = TileTensor.from_dense(self.materialize().contiguous(), [min(n, 1 << 20)], (n,))
             memo[id(self)] = new
             return new
-        if t.dtype == "float32":
+        if dtype_of(t) == torch.float32:
             tiles = _copy_tiles(self)
         else:
             tiles = _empty_tiles_like(t)
@@ -225,17 +291,15 @@ def _like(src, tiles, device=None):
 
 def _empty_tiles_like(t):
     """New, unwritten C++ tiles with t's shape, tiling, dtype, name, persistence and logical dtype."""
-    new = _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, t.name, t.persistent)
     logical = getattr(t, "logical_dtype", None)
-    if logical is not None:
-        new.logical_dtype = logical
-    return new
+    return new_tiles(t.shape, t.tile_shape, dtype_of(t), t.name, t.persistent,
+                     _DTYPES[logical] if logical else None)
 
 
 def fp32_tiles(x):
     """Whether x's tiles hold float32 (what the tile ops on whole tensors here compute on; a float32 TileTensor over
     bf16 tiles, a bf16 master weight, goes through dense torch code instead)."""
-    return x._tiles.dtype == "float32"
+    return dtype_of(x) == torch.float32
 
 
 def _copy_tiles(src):
@@ -267,7 +331,7 @@ def _as_tiles_of(like, other):
         except RuntimeError:
             return None
         t = like._tiles
-        tiles = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "")
+        tiles = tiles_like(t)
         tiles.from_dense(other.detach().expand(like.shape).reshape(tuple(t.shape)))
         return _like(like, tiles)
     return None
@@ -289,7 +353,7 @@ def _mul_scalar(self, other):
             or isinstance(other, bool) or not isinstance(other, (int, float)):
         return NotImplemented
     t = self._tiles
-    new = _C.TileTensor(list(t.shape), list(t.tile_shape), t.dtype, "", False)
+    new = tiles_like(t, dtype_of(t))
     _C.add(float(other), t, 0.0, new)
     return _like(self, new)
 
@@ -429,14 +493,14 @@ def _view_op(func, *args, **kwargs):
     except RuntimeError:
         return NotImplemented  # not a view of these strides: the dense path does what torch does (or raises)
 
-    bf16 = getattr(x, "_nntile_bf16", False)
+    bf16 = x.made_in_bf16
 
     def as_view(r):
         if not isinstance(r, torch.Tensor) or r.dtype != x.dtype:
             raise _NotAView
         v = view_of(x._tiles, r.shape, r.stride(), r.storage_offset(), x.device)
         if bf16:
-            v._nntile_bf16 = True  # made by a bf16 layer: attention on it runs in bf16 too
+            v.made_in_bf16 = True
         return v
     try:
         return type(out)(as_view(r) for r in out) if isinstance(out, (list, tuple)) else as_view(out)
@@ -487,7 +551,7 @@ def _sum(self, dim=None, keepdim=False, dtype=None):
     t = self.tiles
     if list(t.shape) != [math.prod(shape[:-1]), c] or t.tile_shape[0] % r:
         return NotImplemented
-    dst = _C.TileTensor([r, c], [r, t.tile_shape[1]], "float32", "")
+    dst = new_tiles([r, c], [r, t.tile_shape[1]])
     _C.sum_blocks(t, dst)
     return TileTensor(dst, (1,) * k + shape[k:] if keepdim else shape[k:], self.device)
 

@@ -489,3 +489,38 @@ def test_meta_model_errors_before_changing_anything():
     with pytest.raises(ValueError, match=r"still on the meta device: 1\.weight, 1\.bias"):
         nt.convert(odd)
     assert type(odd[0]) is nn.Linear
+
+
+def test_what_nntile_keeps_about_a_model_is_beside_it_and_goes_with_it():
+    """convert() under a plan, a step of torch's AdamW: no `_nntile_*` attribute on the model, its modules, the
+    optimizer or the step counters (the owner records hold them: owners.py); convert_report() and streamer() still
+    find theirs; a deepcopy of a converted GPT-2 attention falls back to its own original forward; and the records
+    go with the model."""
+    from nntile_torch import owners
+    from nntile_torch.streaming import streamer
+    ref = gpt2("cpu", n_layer=2)
+    plan = nt.plan(ref, batch=2, seq=16, precision="fp32", checkpointing=True)
+    model = plan.apply(copy.deepcopy(ref))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 1000, (2, 16))
+    model(ids, labels=ids).loss.backward()
+    opt.step()
+    for obj in [*model.modules(), opt, *[s["step"] for s in opt.state.values()]]:
+        assert not [k for k in vars(obj) if k.startswith("_nntile_")], type(obj)
+    assert nt.convert_report(model).all_tiled and streamer(model).plan is plan
+    from nntile_torch.streaming import checkpoint_blocks  # a model without gradient_checkpointing_enable's way
+    dense = copy.deepcopy(ref)
+    checkpoint_blocks(dense, "transformer.h")
+    wrapped = dense.transformer.h[0].forward
+    checkpoint_blocks(dense, "transformer.h")  # once only
+    assert owners.module_record(dense.transformer.h[0], create=False).checkpointed
+    assert dense.transformer.h[0].forward is wrapped and "_nntile_checkpointed" not in vars(dense.transformer.h[0])
+    attn = copy.deepcopy(model.transformer.h[0].attn)
+    with torch.no_grad():
+        attn.c_proj.weight.zero_()  # the copy's own output projection: its output is then its bias
+    out = attn(torch.randn(2, 16, 96), output_attentions=True)  # not covered: the original forward runs
+    torch.testing.assert_close(out[0].detach().float(), attn.c_proj.bias.detach().float().expand(2, 16, 96))
+    n = len(owners._MODULES)
+    del model, opt, attn
+    gc.collect()
+    assert len(owners._MODULES) < n

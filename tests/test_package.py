@@ -63,6 +63,62 @@ def test_no_import_cycles_in_the_package():
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
+def _private_tile_uses(path):
+    """(line, what) for each use in `path` of a TileTensor's private fields (._tiles, ._view, ._dense_cache), a raw
+    _C.TileTensor(...) construction or tensor.py's handler tables."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in ("_tiles", "_view", "_dense_cache", "_HANDLERS"):
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Name) and node.id in ("_HANDLERS", "FUNCTIONS", "_TILE_DTYPES", "_DTYPES"):
+            found.append((node.lineno, node.id))
+        elif isinstance(node, ast.alias) and node.name in ("_HANDLERS", "FUNCTIONS", "_TILE_DTYPES", "_DTYPES"):
+            found.append((getattr(node, "lineno", 0), node.name))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "TileTensor" \
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "_C":
+            found.append((node.lineno, "_C.TileTensor(...)"))
+    return found
+
+
+def test_only_tensor_py_touches_the_tiles_private_parts():
+    """Outside tensor.py the C++ tiles are reached through TileTensor's public API (t.tiles, t.tiles_dtype,
+    new_tiles, tiles_like, same_tiling, dtype_of: torch dtypes at the seam) and the torch functions and aten ops run
+    as tile tasks are registered with register_tile_function / register_tile_op, not written into its tables."""
+    uses = {str(f.relative_to(ROOT)): u for f in sorted(PACKAGE.rglob("*.py")) if f.name != "tensor.py"
+            for u in [_private_tile_uses(f)] if u}
+    assert not uses, uses
+
+
+def test_the_seam_check_sees_what_it_forbids(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from .tensor import FUNCTIONS\nx._tiles\nt = _C.TileTensor([1], [1], 'float32', '')\n")
+    assert [w for _, w in _private_tile_uses(bad)] == ["FUNCTIONS", "_tiles", "_C.TileTensor(...)"]
+
+
+def _nntile_attributes(path):
+    """(line, name) for each `_nntile_*` attribute that `path` writes or reads by name on an object."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_nntile_"):
+            found.append((node.lineno, node.attr))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("_nntile_"):
+            found.append((node.lineno, node.value))  # getattr(x, "_nntile_...")
+    return found
+
+
+def test_no_private_attributes_on_the_users_objects_but_the_parameters_state(tmp_path):
+    """What nntile_torch keeps about a user's model, modules, optimizers and tensors lives in its owner records
+    (owners.py; param.ParamState for a parameter, reached by its one attribute _nntile_state), not in _nntile_*
+    attributes set across modules."""
+    uses = {str(f.relative_to(ROOT)): u for f in sorted(PACKAGE.rglob("*.py"))
+            for u in [[x for x in _nntile_attributes(f) if not (f.name == "param.py" and x[1] == "_nntile_state")]]
+            if u}
+    assert not uses, uses
+    bad = tmp_path / "bad.py"  # the check sees what it forbids
+    bad.write_text("model._nntile_report = 1\ngetattr(model, '_nntile_streamer', None)\n")
+    assert [n for _, n in _nntile_attributes(bad)] == ["_nntile_report", "_nntile_streamer"]
+
+
 def test_pyproject_declares_what_pip_needs():
     """pip install . reads the name, version, Python and the in-tree backend from pyproject.toml; the backend
     exposes the PEP 517 and PEP 660 hooks (wheel and editable)."""

@@ -270,9 +270,10 @@ def test_what_would_make_it_fit_is_checked_by_planning_again(monkeypatch, precis
     """Each change the error names makes the plan fit when made alone (.fixes); at precision fp32 it suggested
     master_dtype=torch.bfloat16, which the plan rejects there, and "a disk node of at least 0 GiB"."""
     import importlib
-    plan_mod = importlib.import_module("nntile_torch.plan")
+    placement = importlib.import_module("nntile_torch.placement")
+    accounting = importlib.import_module("nntile_torch.accounting")
     host = 40 * 2**20
-    monkeypatch.setattr(plan_mod, "_machine_capacity", lambda disk=None: plan_mod.Capacity(0, host, disk or 0, 0, 2))
+    monkeypatch.setattr(placement, "machine_capacity", lambda disk=None: accounting.Capacity(0, host, disk or 0, 0, 2))
     model = gpt2(n_layer=2)
     with pytest.raises(nt.InsufficientMemoryError) as e:
         nt.plan(model, batch=8, seq=64, precision=precision, **pins)

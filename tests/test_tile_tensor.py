@@ -23,6 +23,60 @@ def test_bfloat16_tiles():
     assert t.dtype == torch.bfloat16 and torch.equal(t.materialize(), x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=lambda d: f"dtype={d}")
+def test_new_tiles_speak_torch_dtypes(dtype):
+    """The public way to make C++ tiles (tensor.new_tiles / TileTensor.new_tiles, tiles_like): torch dtypes in,
+    torch dtypes out (dtype_of, tiles_dtype), awkward shapes with partial edge tiles."""
+    from nntile_torch.tensor import dtype_of, new_tiles, same_tiling, tiles_like
+    nt.init()
+    t = nt.TileTensor.new_tiles((37, 11), (16, 4), dtype, name="probe")
+    assert dtype_of(t) == dtype and list(t.grid) == [3, 3] and t.name == "probe"
+    x = (torch.randn(37, 11) * 100).to(dtype)
+    t.from_dense(x)
+    w = nt.TileTensor(t, (37, 11))
+    assert w.tiles_dtype == dtype and w.dtype == dtype and torch.equal(w.materialize(), x)
+    like = tiles_like(w, torch.float32, name="like")
+    assert dtype_of(like) == torch.float32 and not like.persistent
+    assert tiles_like(w, dtype).same_tiling(t) and like.same_tiling(t) == (dtype == torch.float32)
+    assert same_tiling(w, nt.TileTensor(tiles_like(t, dtype), (37, 11)))
+    assert not same_tiling(w, nt.TileTensor(new_tiles((37, 11), (16, 5), dtype), (37, 11)))
+    assert not same_tiling(w, nt.TileTensor(tiles_like(t, dtype), (11, 37)))  # same tiles, another logical shape
+    assert not w.is_view and w.t().is_view
+
+
+def test_bf16_tiles_under_a_float32_tensor():
+    """logical_dtype: bf16 tiles that a float32 TileTensor stands over (a bf16 master weight)."""
+    from nntile_torch.tensor import dtype_of, new_tiles
+    nt.init()
+    t = new_tiles((9, 10), (4, 4), torch.bfloat16, logical_dtype=torch.float32)
+    x = torch.randn(9, 10).bfloat16()
+    t.from_dense(x)
+    w = nt.TileTensor(t)
+    assert w.dtype == torch.float32 and w.tiles_dtype == torch.bfloat16 == dtype_of(w)
+    assert torch.equal(w.materialize(), x.float())
+
+
+def test_tile_dtypes_other_than_the_three_are_refused():
+    from nntile_torch.tensor import new_tiles, tiles_dtype_name
+    assert tiles_dtype_name(torch.bfloat16) == "bfloat16"
+    with pytest.raises(TypeError, match="float16"):
+        new_tiles((4,), (2,), torch.float16)
+    with pytest.raises(TypeError, match="float64"):
+        nt.TileTensor.empty((4,), (2,), dtype=torch.float64)
+
+
+def test_the_tile_functions_and_ops_are_registered_by_their_modules():
+    """register_tile_function / register_tile_op are how functional.py, pointwise.py and optim/torch_optim.py put
+    their torch functions and aten ops on tiles (tensor.py imports none of them)."""
+    from nntile_torch import tensor
+    F = torch.nn.functional
+    for func in (F.cross_entropy, F.layer_norm, F.gelu, F.scaled_dot_product_attention, F.embedding):
+        assert tensor.FUNCTIONS[func].__module__ == "nntile_torch.functional", func
+    ops = torch.ops.aten
+    assert tensor._HANDLERS[ops.mul_.Scalar].__module__ == "nntile_torch.pointwise"
+    assert tensor._HANDLERS[ops._fused_adamw_.default].__module__ == "nntile_torch.optim.torch_optim"
+
+
 def test_torch_ops_see_a_dense_tensor():
     x = torch.randn(6, 7)
     t = nt.TileTensor.from_dense(x, (4, 4))

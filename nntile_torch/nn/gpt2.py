@@ -22,10 +22,29 @@ def is_gpt2_attention(m):
         hasattr(m, a) for a in ("c_attn", "c_proj", "split_size", "num_heads", "head_dim", "scaling"))
 
 
+class _TiledForward:
+    """A patched GPT2Attention's forward (bound to it by types.MethodType, so it holds no reference to the module):
+    tile tasks where covered, else `original`, the forward it had, as a function of the module (a deepcopy of the
+    module, whose bound forward is rebound to the copy, then falls back to its own)."""
+
+    def __init__(self, original):
+        self.original = original
+
+    def __call__(self, module, *args, **kwargs):
+        return _forward(module, self.original, *args, **kwargs)
+
+
 def patch_gpt2_attention(m):
-    if getattr(m, "_nntile_original_forward", None) is None:
-        m._nntile_original_forward = m.forward
-        m.forward = types.MethodType(_forward, m)
+    forward = m.forward
+    if isinstance(getattr(forward, "__func__", None), _TiledForward):
+        return  # convert() of a converted model
+    if getattr(forward, "__self__", None) is m:
+        original = forward.__func__
+    else:  # a forward already set on the instance (another library's wrapper): called as it is
+
+        def original(module, *args, _forward=forward, **kwargs):
+            return _forward(*args, **kwargs)
+    m.forward = types.MethodType(_TiledForward(original), m)
 
 
 def _uncovered(self, past_key_values, attention_mask, encoder_hidden_states, output_attentions, kwargs):
@@ -45,7 +64,7 @@ def _uncovered(self, past_key_values, attention_mask, encoder_hidden_states, out
     return None
 
 
-def _forward(self, hidden_states, past_key_values=None, attention_mask=None, encoder_hidden_states=None,
+def _forward(self, original, hidden_states, past_key_values=None, attention_mask=None, encoder_hidden_states=None,
              encoder_attention_mask=None, output_attentions=False, **kwargs):
     why = _uncovered(self, past_key_values, attention_mask, encoder_hidden_states, output_attentions, kwargs)
     if why is None:
@@ -54,10 +73,9 @@ def _forward(self, hidden_states, past_key_values=None, attention_mask=None, enc
             return out
         why = "attention mask that differs per head"
     note_dense("attention", why)
-    return self._nntile_original_forward(hidden_states, past_key_values=past_key_values,
-                                         attention_mask=attention_mask, encoder_hidden_states=encoder_hidden_states,
-                                         encoder_attention_mask=encoder_attention_mask,
-                                         output_attentions=output_attentions, **kwargs)
+    return original(self, hidden_states, past_key_values=past_key_values, attention_mask=attention_mask,
+                    encoder_hidden_states=encoder_hidden_states, encoder_attention_mask=encoder_attention_mask,
+                    output_attentions=output_attentions, **kwargs)
 
 
 @without_torch_function

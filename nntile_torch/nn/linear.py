@@ -83,7 +83,7 @@ class Linear(nn.Module):
         ensure_init()
         y = LinearFunction.apply(x, self.weight, self.bias, self.batch_tile_size, self.precision, self._w_in_out)
         if self.precision == "bf16":
-            y._nntile_bf16 = True  # attention on this output (F.scaled_dot_product_attention) computes in bf16 too
+            y.made_in_bf16 = True  # attention on this output (F.scaled_dot_product_attention) computes in bf16 too
         return y
 
     def plan_costs(self, precision, seq):

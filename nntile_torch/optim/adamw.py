@@ -7,10 +7,10 @@ from .. import _C, runtime
 from ..functional import tiles_of
 from ..param import param_state
 from ..runtime import info
-from ..tensor import TileTensor, fp32_tiles, without_torch_function
+from ..tensor import TileTensor, dtype_of, fp32_tiles, new_tiles, tiles_like, without_torch_function
 
 
-_STATE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}
+_STATE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def _same(given, chosen):
@@ -49,7 +49,7 @@ def _grad_tiles(param):
     grad = param.grad
     if type(grad) is TileTensor:
         g, t = grad.tiles, param.tiles
-        if g.dtype == "float32" and g.tile_shape == t.tile_shape and g.shape == t.shape:
+        if dtype_of(g) == torch.float32 and g.tile_shape == t.tile_shape and g.shape == t.shape:
             return g
     return _tiles_like(param, grad).tiles
 
@@ -250,9 +250,8 @@ class AdamW(torch.optim.Optimizer):
         super().zero_grad(set_to_none)
 
     def _update(self, group, p):
-        # Once per parameter per step on the submitting thread: kept free of torch dispatch where it can be (48
-        # layers = 580 parameters; the submission of an update took ~85 us here, 2026-12-01, ~39 after, ~23 with
-        # TileTensor.__torch_function__ skipped: benchmarks/submission.py, medians of 6 alternating runs).
+        # Once per parameter per step on the submitting thread: kept free of torch dispatch where it can be
+        # (docs/measurements.md, "Submitting an update").
         lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
         tiled = type(p) is TileTensor and p.dtype == torch.float32  # fp32 tiles, or bf16 ones (bf16 master weights)
         if not (tiled and type(p.grad) is TileTensor) and p.grad.is_sparse:  # tiles are never sparse
@@ -273,13 +272,13 @@ class AdamW(torch.optim.Optimizer):
         dtype = self.state_dtype
         grad = _grad_tiles(p)
         if maximize:
-            neg = _C.TileTensor(list(grad.shape), list(grad.tile_shape), "float32", "")
+            neg = tiles_like(grad)
             _C.add(-1.0, grad, 0.0, neg)
             grad = neg
         if fresh:
             shape, tile = list(p.tiles.shape), list(p.tiles.tile_shape)
             for name in ("exp_avg", "exp_avg_sq"):
-                state[name] = TileTensor(_C.TileTensor(shape, tile, _STATE_DTYPES[dtype], name, True), p.shape,
+                state[name] = TileTensor(new_tiles(shape, tile, dtype, name, True), p.shape,
                                          p.device)
         else:
             known = self._tiled_states.get(p)

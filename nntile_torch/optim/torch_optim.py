@@ -18,17 +18,18 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils._pytree import tree_leaves
 
 from .. import _C
-from ..tensor import TileTensor, _dense_fallback, fp32_tiles
+from ..owners import STEP_VALUES, optimizer_record
+from ..tensor import TileTensor, _dense_fallback, fp32_tiles, register_tile_op, same_tiling, tiles_like
 
 aten = torch.ops.aten
 
 
 def _ok(x):
-    return isinstance(x, TileTensor) and x._view is None and fp32_tiles(x)
+    return isinstance(x, TileTensor) and not x.is_view and fp32_tiles(x)
 
 
 def _tiled_like(p, x):
-    return _ok(x) and x.shape == p.shape and x._tiles.same_tiling(p._tiles)
+    return _ok(x) and same_tiling(x, p)
 
 
 def step_value(t):
@@ -37,11 +38,11 @@ def step_value(t):
     if not isinstance(t, torch.Tensor):
         return float(t)
     version = t._version
-    known = getattr(t, "_nntile_step", None)  # (id, version, value) when read; a copy (deepcopy) carries it: id differs
-    if known is not None and known[0] == id(t) and known[1] <= version:
-        return known[2] + (version - known[1])
+    known = STEP_VALUES.get(t)  # (version, value) when read
+    if known is not None and known[0] <= version:
+        return known[1] + (version - known[0])
     value = float(t.item())
-    t._nntile_step = (id(t), version, value)
+    STEP_VALUES[t] = (version, value)
     return value
 
 
@@ -56,13 +57,13 @@ def _fused_adam(decoupled):
         if tiled and isinstance(lr, torch.Tensor):
             lr = lr.item()
         for i in tiled:
-            p, g = params[i], grads[i]._tiles
+            p, g = params[i], grads[i].tiles
             step = int(round(step_value(state_steps[i])))
             l2 = 0.0 if decoupled else float(weight_decay)
             if maximize or l2:  # Adam: the gradient + wd * p (torch's fused kernel computes that, then Adam)
                 t = g
-                g = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", "")
-                _C.add_into(-1.0 if maximize else 1.0, t, l2, p._tiles, g)
+                g = tiles_like(t)
+                _C.add_into(-1.0 if maximize else 1.0, t, l2, p.tiles, g)
             adamw_update(p, g, exp_avgs[i], exp_avg_sqs[i], lr, beta1, beta2, eps,
                          float(weight_decay) if decoupled else 0.0, step, False, 0)
         rest = [i for i in range(len(params)) if i not in set(tiled)]
@@ -83,11 +84,10 @@ def _fused_adam(decoupled):
 
 
 def _register():
-    from ..tensor import _HANDLERS
     for decoupled, name in ((True, "_fused_adamw_"), (False, "_fused_adam_")):
         op = getattr(aten, name)
-        _HANDLERS[op.default] = _fused_adam(decoupled)
-        _HANDLERS[op.tensor_lr] = _fused_adam(decoupled)
+        register_tile_op(op.default, _fused_adam(decoupled))
+        register_tile_op(op.tensor_lr, _fused_adam(decoupled))
 
 
 def _dense_state(optimizer, state_dict):
@@ -101,18 +101,19 @@ def _retile_states(optimizer, args, kwargs):
     """Global step pre-hook: on an optimizer's first step and after each load_state_dict (a new state dict), tile
     parameters' dense states of the parameter's shape (loaded ones) go back into tiles tiled like the parameter
     (no wait: a copy of a dense tensor into new tiles), and state_dict() is given its dense post-hook."""
-    if getattr(optimizer, "_nntile_seen_state", None) is optimizer.state:
+    record = optimizer_record(optimizer)
+    if record.seen_state is optimizer.state:
         return
-    optimizer._nntile_seen_state = optimizer.state
+    record.seen_state = optimizer.state
     from .adamw import AdamW
     if isinstance(optimizer, AdamW):
         return  # nntile's own AdamW keeps its states itself
     tiled = [p for g in optimizer.param_groups for p in g["params"] if _ok(p)]
     if not tiled:
         return
-    if not getattr(optimizer, "_nntile_hooked", False):
+    if not record.hooked:
         optimizer.register_state_dict_post_hook(_dense_state)
-        optimizer._nntile_hooked = True
+        record.hooked = True
     for p in tiled:
         state = optimizer.state.get(p)
         if not state:
@@ -120,9 +121,8 @@ def _retile_states(optimizer, args, kwargs):
         for name, v in list(state.items()):
             if isinstance(v, torch.Tensor) and not isinstance(v, TileTensor) and name != "step" \
                     and v.shape == p.shape and v.dtype == torch.float32:
-                t = p._tiles
-                tiles = _C.TileTensor(list(t.shape), list(t.tile_shape), "float32", t.name and f"{t.name}.{name}",
-                                      t.persistent)
+                t = p.tiles
+                tiles = tiles_like(t, name=t.name and f"{t.name}.{name}", persistent=t.persistent)
                 tiles.from_dense(v.detach().to(p.device).reshape(tuple(t.shape)))
                 state[name] = TileTensor(tiles, p.shape, p.device)
 
