@@ -263,3 +263,23 @@ def test_eval_under_no_grad_keeps_nothing_and_waits_only_for_the_loss(device):
     del logits
     assert nt.stats()["tile_bytes"] - base > 10_000
     loss.backward()
+
+
+def test_hf_eval_loop_waits_only_for_the_loss(device):
+    """A Hugging Face eval loop (model.eval(), torch.no_grad(), a padded batch, loss.item()) with the default
+    dropouts: no wait before the loss is read, no autograd graph, the unconverted model's loss."""
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=101, n_positions=32)
+    ref = transformers.GPT2LMHeadModel(cfg).to(device).eval()
+    ours = nt.convert(copy.deepcopy(ref), strict=True, **TILES).eval()
+    ids = torch.randint(0, 101, (3, 32), device=device)
+    mask = torch.ones_like(ids)
+    mask[1, 20:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    with torch.no_grad():
+        for _ in range(2):
+            out, waits = waits_of(lambda: ours(input_ids=ids, attention_mask=mask, labels=labels))
+            assert waits == 0 and out.loss.grad_fn is None
+            value, waits = waits_of(out.loss.item)
+            assert waits == 1
+        assert abs(value - ref(input_ids=ids, attention_mask=mask, labels=labels).loss.item()) < 1e-5
