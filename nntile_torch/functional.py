@@ -584,7 +584,31 @@ def tiled_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.
     return EmbeddingFunction.apply(input, weight, DEFAULT_BATCH_TILE_SIZE, check)
 
 
+@without_torch_function
+def tiled_last_positions(input, index):
+    """x[:, [p], :] (nanoGPT's generation: the hidden state of the last position only) on a TileTensor (B, T, C) in
+    tiles of whole rows: rows b * T + p gathered into (B, 1, C) tiles by embedding lookup tasks (x seen as a (B * T,
+    C) table), without gathering x; its backward scatters the gradient back as the lookup's. Any other index:
+    NotImplemented (torch's own indexing, on materialized tiles)."""
+    if not isinstance(index, tuple) or len(index) not in (2, 3) or index[0] != slice(None) \
+            or (len(index) == 3 and index[2] != slice(None)):
+        return NotImplemented
+    pos = index[1]
+    if not (isinstance(pos, list) and len(pos) == 1 and type(pos[0]) is int) or not plain(input) \
+            or input.dim() != 3 or input.dtype != torch.float32 or len(input.tiles.shape) != 2 \
+            or input.tiles.grid[1] != 1:
+        return NotImplemented
+    b, t, c = input.shape
+    p = pos[0] + t if pos[0] < 0 else pos[0]
+    if not 0 <= p < t:
+        return NotImplemented  # torch raises its own IndexError
+    from .config import DEFAULT_BATCH_TILE_SIZE
+    ids = (torch.arange(b) * t + p).reshape(b, 1)
+    return EmbeddingFunction.apply(ids, input.reshape(b * t, c), DEFAULT_BATCH_TILE_SIZE, None)
+
+
 FUNCTIONS.update({
+    torch.Tensor.__getitem__: tiled_last_positions,
     F.cross_entropy: tiled_cross_entropy,
     F.layer_norm: tiled_layer_norm,
     torch.layer_norm: tiled_layer_norm,

@@ -283,3 +283,29 @@ def test_hf_eval_loop_waits_only_for_the_loss(device):
             value, waits = waits_of(out.loss.item)
             assert waits == 1
         assert abs(value - ref(input_ids=ids, attention_mask=mask, labels=labels).loss.item()) < 1e-5
+
+
+# --- sampling --------------------------------------------------------------------------------------------------
+
+def test_nanogpt_generate_takes_the_last_position_in_tiles(device):
+    """nanoGPT's generate() (eval, dropout 0.1 configured): the forward's x[:, [-1], :] is a row gather by tasks
+    (not a gathering of the whole activation), the same tokens as the unconverted model for a seed, and what still
+    runs as torch code is only the sampling on the (B, V) logits, named in the report (no weight, no index)."""
+    torch.manual_seed(0)
+    cfg = nanogpt_model.GPTConfig(block_size=32, vocab_size=101, n_layer=2, n_head=4, n_embd=64, dropout=0.1)
+    ref = nanogpt_model.GPT(cfg).to(device).eval()
+    # one row tile for every length the prompt grows to: attention's tiles must hold whole sequences
+    ours = nt.convert(copy.deepcopy(ref), tile_size=384, batch_tile_size=1024).eval()
+    x = torch.randint(0, 101, (3, 8), device=device)
+    with torch.no_grad():
+        logits, _ = ours(x)
+        assert isinstance(logits, nt.TileTensor) and logits.shape == (3, 1, 101)
+        torch.testing.assert_close(logits.materialize(), ref(x)[0], rtol=1e-5, atol=1e-5)
+    torch.manual_seed(1)
+    tokens, waits = waits_of(lambda: ours.generate(x, 5, top_k=10))
+    torch.manual_seed(1)
+    assert torch.equal(tokens, ref.generate(x, 5, top_k=10))
+    ops = {op for _, op in nt.convert_report(ours).dense_ops}
+    assert not any(op.startswith("index.") for op in ops), ops
+    assert ops <= {"topk.default", "lt.Tensor", "index_put_.default", "_softmax.default"}, ops
+    assert waits <= 2 * 5, waits  # reading each step's (B, V) logits for the sampling
