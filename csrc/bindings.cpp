@@ -112,6 +112,8 @@ PYBIND11_MODULE(_C, m) {
     });
     m.def("info", &info);
     m.def("attention_forwards", &kernels::attention_forwards);
+    m.def("attention_dropout_keep", &kernels::attention_dropout_keep, py::arg("nseq"), py::arg("nheads"),
+          py::arg("seq"), py::arg("p"), py::arg("seed"), py::arg("first_seq") = 0);
     m.def("tasks_submitted", &tasks_submitted);
     m.def("tasks_pending", [] { return starpu_task_nsubmitted(); });
     m.def("task_trace_start", [] {
@@ -272,9 +274,11 @@ PYBIND11_MODULE(_C, m) {
     m.def("layer_norm_backward", &ops::layer_norm_backward, nogil, py::arg("dy"), py::arg("x"), py::arg("mean"),
           py::arg("rstd"), py::arg("weight"), py::arg("dx"), py::arg("dweight"), py::arg("dbias"));
     m.def("attention_forward", &ops::attention_forward, nogil, py::arg("qkv"), py::arg("y"), py::arg("seq"),
-          py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr);
+          py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr,
+          py::arg("dropout_p") = 0.0f, py::arg("seed") = 0);
     m.def("attention_backward", &ops::attention_backward, nogil, py::arg("dy"), py::arg("qkv"), py::arg("dqkv"),
-          py::arg("seq"), py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr);
+          py::arg("seq"), py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr,
+          py::arg("dropout_p") = 0.0f, py::arg("seed") = 0);
     m.def("index_check", &ops::index_check, nogil, py::arg("ids"), py::arg("lo"), py::arg("hi"), py::arg("ignore"),
           py::arg("what"));
     m.def("embedding_forward", &ops::embedding_forward, nogil, py::arg("ids"), py::arg("table"), py::arg("out"));

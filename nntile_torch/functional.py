@@ -272,17 +272,20 @@ class CausalAttentionFunction(torch.autograd.Function):
     tile a multiple of T), -> y (B, T, C) with heads side by side, tiled by the same rows. Causal, or with `mask`:
     C++ tiles (B * T, T) of an additive float mask tiled by qkv's rows (attention_mask_tiles; causality is then the
     mask's). One task per row tile; the backward task recomputes the forward (no T x T matrix is kept). bf16: the
-    kernel computes in bfloat16, as torch's attention under bf16 autocast (tiles stay float32)."""
+    kernel computes in bfloat16, as torch's attention under bf16 autocast (tiles stay float32). dropout_p > 0:
+    dropout on the attention probabilities, the mask a hash of (seed, sequence, head, query, key) made inside the
+    tasks (the same for any tiling, never stored; the backward recomputes it from the seed)."""
 
     @staticmethod
     @without_torch_function
-    def forward(ctx, qkv, nheads, scale, bf16=False, mask=None):
+    def forward(ctx, qkv, nheads, scale, bf16=False, mask=None, dropout_p=0.0, seed=0):
         t = qkv.tiles
         b, seq, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         y = new_tiles([t.shape[0], c], [t.tile_shape[0], c], name="attention.y")
-        _C.attention_forward(t, y, seq, nheads, scale, bf16, mask)
+        _C.attention_forward(t, y, seq, nheads, scale, bf16, mask, dropout_p, seed)
         keep(ctx, qkv.device, t, y)
         ctx.seq, ctx.nheads, ctx.scale, ctx.bf16, ctx.mask = seq, nheads, scale, bf16, mask
+        ctx.dropout_p, ctx.seed = dropout_p, seed
         ctx.shape, ctx.device = qkv.shape, qkv.device
         return TileTensor(y, (b, seq, c), qkv.device)
 
@@ -293,8 +296,8 @@ class CausalAttentionFunction(torch.autograd.Function):
         t, y = kept(ctx)
         dqkv = tiles_like(t, name="attention.dqkv")
         _C.attention_backward(tiles_of(y.shape, y.tile_shape, dy), t, dqkv, ctx.seq, ctx.nheads, ctx.scale, ctx.bf16,
-                              ctx.mask)
-        return TileTensor(dqkv, ctx.shape, ctx.device), None, None, None, None
+                              ctx.mask, ctx.dropout_p, ctx.seed)
+        return TileTensor(dqkv, ctx.shape, ctx.device), None, None, None, None, None, None
 
 
 class HeadsAttentionFunction(torch.autograd.Function):
@@ -302,19 +305,21 @@ class HeadsAttentionFunction(torch.autograd.Function):
     its thirds and heads (nanoGPT's and Hugging Face's c_attn(x).split(C, 2), .view(B, T, H, D).transpose(1, 2)):
     the attention task reads that matrix's tiles; y is a (B, H, T, D) view of (B * T, C) tiles, which
     y.transpose(1, 2).reshape(B, T, C) turns back into those tiles without a copy. The gradients of q, k, v are the
-    same views of one gradient matrix, which autograd's backward of the split concatenates back into it."""
+    same views of one gradient matrix, which autograd's backward of the split concatenates back into it.
+    dropout_p, seed: attention dropout as CausalAttentionFunction's."""
 
     @staticmethod
     @without_torch_function
-    def forward(ctx, q, k, v, mask, scale, bf16):
+    def forward(ctx, q, k, v, mask, scale, bf16, dropout_p=0.0, seed=0):
         t = q.tiles
         b, h, seq, d = q.shape
         c = h * d
         y = new_tiles([t.shape[0], c], [t.tile_shape[0], c], name="attention.y")
-        _C.attention_forward(t, y, seq, h, scale, bf16, mask)
+        _C.attention_forward(t, y, seq, h, scale, bf16, mask, dropout_p, seed)
         keep(ctx, q.device, t, y)
         ctx.geometry = [(tuple(z.shape), tuple(z.stride()), z.storage_offset()) for z in (q, k, v)]
         ctx.seq, ctx.h, ctx.scale, ctx.bf16, ctx.mask, ctx.device = seq, h, scale, bf16, mask, q.device
+        ctx.dropout_p, ctx.seed = dropout_p, seed
         return view_of(y, (b, h, seq, d), (seq * c, d, c, 1), 0, q.device)
 
     @staticmethod
@@ -326,9 +331,9 @@ class HeadsAttentionFunction(torch.autograd.Function):
         dy2 = dy.transpose(1, 2).reshape(b * seq, h * d)  # views of the tiles when dy is the output's geometry
         dqkv = tiles_like(t, name="attention.dqkv")
         _C.attention_backward(tiles_of(y.shape, y.tile_shape, dy2), t, dqkv, ctx.seq, ctx.h, ctx.scale, ctx.bf16,
-                              ctx.mask)
+                              ctx.mask, ctx.dropout_p, ctx.seed)
         grads = tuple(view_of(dqkv, shape, stride, offset, ctx.device) for shape, stride, offset in ctx.geometry)
-        return (*grads, None, None, None)
+        return (*grads, None, None, None, None, None)
 
 
 def attention_tiles_ok(qkv):
@@ -369,9 +374,10 @@ def attention_mask_tiles(mask, b, seq, row_tile, device):
 def tiled_scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                        enable_gqa=False):
     """F.scaled_dot_product_attention as tile tasks when q, k, v are the heads of one (B * T, 3C) TileTensor's
-    thirds (HeadsAttentionFunction) and the mask is causal, absent or the same for every head; NotImplemented
-    otherwise (attention dropout, other layouts), which then runs as torch code."""
-    if dropout_p != 0.0 or enable_gqa or not all(isinstance(z, TileTensor) for z in (query, key, value)):
+    thirds (HeadsAttentionFunction) and the mask is causal, absent or the same for every head, dropout_p included
+    (the mask nntile's hash of a seed drawn from torch's CPU generator, as tiled_dropout's); NotImplemented
+    otherwise (other layouts), which then runs as torch code."""
+    if not 0.0 <= dropout_p < 1.0 or enable_gqa or not all(isinstance(z, TileTensor) for z in (query, key, value)):
         return NotImplemented
     t = query.tiles
     if key.tiles is not t or value.tiles is not t or query.dim() != 4 or query.dtype != torch.float32 \
@@ -395,7 +401,9 @@ def tiled_scaled_dot_product_attention(query, key, value, attn_mask=None, dropou
     elif not is_causal:
         mask = attention_mask_tiles(torch.zeros((), device=query.device), b, seq, t.tile_shape[0], query.device)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    return HeadsAttentionFunction.apply(query, key, value, mask, scale, bool(getattr(query, "made_in_bf16", False)))
+    seed = dropout_seed() if dropout_p > 0.0 else 0
+    return HeadsAttentionFunction.apply(query, key, value, mask, scale, bool(getattr(query, "made_in_bf16", False)),
+                                        float(dropout_p), seed)
 
 
 def check_indices(idx, num_embeddings, what):
@@ -561,8 +569,12 @@ def tiled_dropout(input, p=0.5, training=True, inplace=False):
         return input
     if inplace or not plain(input) or input.dtype != torch.float32 or p == 1.0:
         return NotImplemented
-    seed = int(torch.randint(0, 2**62, (1,)).item())
-    return DropoutFunction.apply(input, float(p), seed, None, None)
+    return DropoutFunction.apply(input, float(p), dropout_seed(), None, None)
+
+
+def dropout_seed():
+    """A seed for a dropout mask, from torch's CPU generator (so torch.manual_seed makes masks repeat; no wait)."""
+    return int(torch.randint(0, 2**62, (1,)).item())
 
 
 @without_torch_function
@@ -577,8 +589,32 @@ def tiled_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.
     return EmbeddingFunction.apply(input, weight, DEFAULT_BATCH_TILE_SIZE, check)
 
 
-for _func, _impl in ((F.cross_entropy, tiled_cross_entropy), (F.layer_norm, tiled_layer_norm),
-                     (torch.layer_norm, tiled_layer_norm), (F.gelu, tiled_gelu), (F.dropout, tiled_dropout),
+@without_torch_function
+def tiled_last_positions(input, index):
+    """x[:, [p], :] (nanoGPT's generation: the hidden state of the last position only) on a TileTensor (B, T, C) in
+    tiles of whole rows: rows b * T + p gathered into (B, 1, C) tiles by embedding lookup tasks (x seen as a (B * T,
+    C) table), without gathering x; its backward scatters the gradient back as the lookup's. Any other index:
+    NotImplemented (torch's own indexing, on materialized tiles)."""
+    if not isinstance(index, tuple) or len(index) not in (2, 3) or index[0] != slice(None) \
+            or (len(index) == 3 and index[2] != slice(None)):
+        return NotImplemented
+    pos = index[1]
+    if not (isinstance(pos, list) and len(pos) == 1 and type(pos[0]) is int) or not plain(input) \
+            or input.dim() != 3 or input.dtype != torch.float32 or len(input.tiles.shape) != 2 \
+            or input.tiles.grid[1] != 1:
+        return NotImplemented
+    b, t, c = input.shape
+    p = pos[0] + t if pos[0] < 0 else pos[0]
+    if not 0 <= p < t:
+        return NotImplemented  # torch raises its own IndexError
+    from .config import DEFAULT_BATCH_TILE_SIZE
+    ids = (torch.arange(b) * t + p).reshape(b, 1)
+    return EmbeddingFunction.apply(ids, input.reshape(b * t, c), DEFAULT_BATCH_TILE_SIZE, None)
+
+
+for _func, _impl in ((torch.Tensor.__getitem__, tiled_last_positions), (F.cross_entropy, tiled_cross_entropy),
+                     (F.layer_norm, tiled_layer_norm), (torch.layer_norm, tiled_layer_norm), (F.gelu, tiled_gelu),
+                     (F.dropout, tiled_dropout),
                      (F.scaled_dot_product_attention, tiled_scaled_dot_product_attention),
                      (F.embedding, tiled_embedding)):
     register_tile_function(_func, _impl)

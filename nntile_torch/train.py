@@ -81,6 +81,8 @@ def parse_args(argv=None):
                     "the training loop waits (default 1000; 0: none)")
     ap.add_argument("--corpus-bytes", type=int, default=8 << 20, help="bytes of corpus to read (default 8 MiB)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dropout", type=float, default=0.0, help="GPT-2's attn_pdrop, resid_pdrop and embd_pdrop "
+                    "(Hugging Face's default is 0.1; default here 0, so --compare-torch compares the same numbers)")
     ap.add_argument("--compare-torch", action="store_true", help="train the unconverted model beside it")
     ap.add_argument("--compare-fp64", action="store_true",
                     help="also train a float64 copy of the unconverted model as the reference (implies "
@@ -105,7 +107,8 @@ def build_model(args, device):
     if width % heads:
         raise SystemExit(f"--n-embd ({width}) must be a multiple of --n-head ({heads})")
     cfg = transformers.GPT2Config(n_layer=layers, n_embd=width, n_head=heads, vocab_size=256,
-                                  n_positions=max(args.seq, 64), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                  n_positions=max(args.seq, 64), resid_pdrop=args.dropout, embd_pdrop=args.dropout,
+                                  attn_pdrop=args.dropout,
                                   bos_token_id=0, eos_token_id=0)
     torch.manual_seed(args.seed)
     return transformers.GPT2LMHeadModel(cfg).to(device)

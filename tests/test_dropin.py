@@ -210,12 +210,10 @@ def test_nanogpt_step_makes_no_host_wait(device):
 
 
 def test_nanogpt_training_with_dropout_is_tiled(device):
-    """Dropout (modules and nanoGPT's attention dropout off in eval): training runs in tiles under strict mode;
-    in eval the loss is the unconverted model's."""
+    """Dropout (modules, and nanoGPT's attention dropout through SDPA's dropout_p, off in eval): training runs in
+    tiles under strict mode; in eval the loss is the unconverted model's."""
     ref = nanogpt(device, dropout=0.1)
     ours = nt.convert(copy.deepcopy(ref), strict=True, **TILES)
-    for blk in ours.transformer.h:
-        blk.attn.dropout = 0.0  # SDPA's own dropout has no tile version (strict would raise: see the docs)
     assert isinstance(ours.transformer.drop, nt.nn.Dropout) and isinstance(ours.transformer.h[0].mlp.dropout,
                                                                             nt.nn.Dropout)
     ids = torch.randint(0, 101, (3, 33), device=device)
@@ -288,21 +286,19 @@ def test_hf_gpt2_attention_falls_back_with_dropout_modules_swapped(device):
 
 
 def test_hf_gpt2_uncovered_attention_is_named(device):
-    """What the tiled attention does not cover (here attention dropout in training) runs Hugging Face's own code:
+    """What the tiled attention does not cover (here returned attention weights) runs Hugging Face's own code:
     strict mode raises naming the module and why; by default it runs, and the report lists it."""
-    model = hf_gpt2(device)
-    for m in model.modules():
-        if type(m).__name__ == "GPT2Attention":
-            m.attn_dropout.p = 0.1
+    model = hf_gpt2(device, "eager")
     ids = torch.randint(0, 101, (2, 16), device=device)
     strict = nt.convert(copy.deepcopy(model), strict=True, **TILES).train()
     with pytest.raises(nt.DenseFallbackError,
-                       match=r"attention \(attention dropout in training\).*transformer\.h\.0\.attn"):
-        strict(ids, labels=ids)
+                       match=r"attention \(output_attentions=True\).*transformer\.h\.0\.attn"):
+        strict.transformer.h[0].attn(strict.transformer.wte(ids), output_attentions=True)
     ours = nt.convert(copy.deepcopy(model), **TILES).train()
-    with pytest.warns(UserWarning, match="attention dropout in training"):
-        ours(ids, labels=ids).loss.backward()
-    assert ("transformer.h.1.attn", "attention (attention dropout in training)") in nt.convert_report(ours).dense_ops
+    with pytest.warns(UserWarning, match="output_attentions=True"):
+        out = ours.transformer.h[1].attn(ours.transformer.wte(ids), output_attentions=True)
+    assert out[0].shape == (2, 16, 64)
+    assert ("transformer.h.1.attn", "attention (output_attentions=True)") in nt.convert_report(ours).dense_ops
 
 
 # --- what people write: layer norms, GELU, dropout, embeddings -------------------------------------------------

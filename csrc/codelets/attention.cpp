@@ -12,11 +12,12 @@ struct AttentionArgs {
     float scale;
     bool bf16;
     bool masked;  // a mask tile follows qkv in the buffers
+    kernels::AttentionDropout drop;
 };
 
 uint32_t attention_footprint(starpu_task *task) {
     const auto &a = args_of<AttentionArgs>(task);
-    return hash_ints({a.nseq, a.seq, a.c, a.nheads, a.bf16 ? 1 : 0, a.masked ? 1 : 0});
+    return hash_ints({a.nseq, a.seq, a.c, a.nheads, a.bf16 ? 1 : 0, a.masked ? 1 : 0, a.drop.p > 0.0f ? 1 : 0});
 }
 
 template <bool Cuda>
@@ -25,7 +26,7 @@ void fwd_func(void *buffers[], void *cl_arg) {  // buffers: qkv, [mask], y
     const float *mask = a->masked ? (const float *)STARPU_VECTOR_GET_PTR(buffers[1]) : nullptr;
     kernels::attention_forward(where<Cuda>(), a->nseq, a->seq, a->c, a->nheads, a->scale, a->bf16,
                                (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), mask,
-                               (float *)STARPU_VECTOR_GET_PTR(buffers[a->masked ? 2 : 1]));
+                               (float *)STARPU_VECTOR_GET_PTR(buffers[a->masked ? 2 : 1]), a->drop);
 }
 
 template <bool Cuda>
@@ -35,7 +36,7 @@ void bwd_func(void *buffers[], void *cl_arg) {  // buffers: dy, qkv, [mask], dqk
     kernels::attention_backward(where<Cuda>(), a->nseq, a->seq, a->c, a->nheads, a->scale, a->bf16,
                                 (const float *)STARPU_VECTOR_GET_PTR(buffers[0]),
                                 (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), mask,
-                                (float *)STARPU_VECTOR_GET_PTR(buffers[a->masked ? 3 : 2]));
+                                (float *)STARPU_VECTOR_GET_PTR(buffers[a->masked ? 3 : 2]), a->drop);
 }
 
 starpu_codelet *cl_fwd() {
@@ -54,10 +55,11 @@ starpu_codelet *cl_bwd() {
 }  // namespace
 
 void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                              starpu_data_handle_t qkv, starpu_data_handle_t mask, starpu_data_handle_t y) {
+                              starpu_data_handle_t qkv, starpu_data_handle_t mask, starpu_data_handle_t y,
+                              float dropout_p, int64_t seed, int64_t first_seq) {
     const bool masked = mask != nullptr;
     double flops = 4.0 * nseq * seq * seq * c / (masked ? 1 : 2);  // causal: half of QK^T and PV
-    auto *args = cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16, masked});
+    auto *args = cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16, masked, {dropout_p, seed, first_seq}});
     int ret = masked ? NNTILE_TASK_INSERT(cl_fwd(), STARPU_R, qkv, STARPU_R, mask, STARPU_W, y, STARPU_CL_ARGS, args,
                                           sizeof(AttentionArgs), STARPU_FLOPS, flops, STARPU_NAME,
                                           "attention_forward_masked", 0)
@@ -69,10 +71,10 @@ void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nhea
 
 void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                                starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t mask,
-                               starpu_data_handle_t dqkv) {
+                               starpu_data_handle_t dqkv, float dropout_p, int64_t seed, int64_t first_seq) {
     const bool masked = mask != nullptr;
     double flops = 3.5 * 4.0 * nseq * seq * seq * c / (masked ? 1 : 2);  // recomputed forward + backward
-    auto *args = cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16, masked});
+    auto *args = cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16, masked, {dropout_p, seed, first_seq}});
     int ret = masked ? NNTILE_TASK_INSERT(cl_bwd(), STARPU_R, dy, STARPU_R, qkv, STARPU_R, mask, STARPU_W, dqkv,
                                           STARPU_CL_ARGS, args, sizeof(AttentionArgs), STARPU_FLOPS, flops, STARPU_NAME,
                                           "attention_backward_masked", 0)

@@ -51,12 +51,15 @@ void submit_layer_norm_backward(int64_t m, int64_t c, starpu_data_handle_t dy, s
                                 float beta);
 // Self-attention over nseq whole sequences in one tile: qkv (nseq * seq, 3c) -> y (nseq * seq, c); backward
 // writes dqkv. mask: nullptr (causal) or an additive float mask tile (nseq * seq, seq). bf16: computed in
-// bfloat16 (float32 tiles in and out).
+// bfloat16 (float32 tiles in and out). dropout_p > 0: dropout on the attention probabilities, the mask a hash of
+// (seed, first_seq + the tile's sequence, head, query, key) (kernels::AttentionDropout).
 void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                              starpu_data_handle_t qkv, starpu_data_handle_t mask, starpu_data_handle_t y);
+                              starpu_data_handle_t qkv, starpu_data_handle_t mask, starpu_data_handle_t y,
+                              float dropout_p = 0.0f, int64_t seed = 0, int64_t first_seq = 0);
 void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                                starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t mask,
-                               starpu_data_handle_t dqkv);
+                               starpu_data_handle_t dqkv, float dropout_p = 0.0f, int64_t seed = 0,
+                               int64_t first_seq = 0);
 // Records a task error (raised at the host's next wait) when an integer tile (n values) holds a value outside
 // [lo, hi) other than `ignore`; `what` names the check in the message.
 void submit_index_check(int64_t n, int64_t lo, int64_t hi, int64_t ignore, const std::string &what,

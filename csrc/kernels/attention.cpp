@@ -1,6 +1,7 @@
 // Self-attention through ATen's scaled_dot_product_attention on tiles (CPU and CUDA): causal, or with an additive
 // float mask (padding masks from Hugging Face, causality included in the mask).
 #include "attention.h"
+#include "dropout.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -164,22 +166,96 @@ Forward attend(const Where &w, const at::Tensor &q, const at::Tensor &k, const a
     auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, mask, (double)scale);
     return {out, lse, {}, {}, kCpu};
 }
+
+// Attention with dropout on the probabilities, as explicit float32 math on (nseq, nheads, seq, seq) scores, on CPU
+// and GPU alike: the fused kernels draw their dropout from torch's generators, whose masks depend on the device and
+// the launch, where this mask is nntile's hash of global positions (the same for any tiling and device). The
+// scores are materialized (seq x seq per head): correct everywhere, not the GPU's fast path.
+struct Dropped {
+    at::Tensor q, k, v;  // (nseq, nheads, seq, hd) float32
+    at::Tensor probs;    // softmax of the scores, before dropout
+    at::Tensor scaled_keep;  // keep / (1 - p), float32
+};
+
+Dropped dropped_probs(const Where &w, const float *qkv, const float *mask, int64_t nseq, int64_t seq, int64_t c,
+                      int64_t nheads, float scale, bool bf16, const AttentionDropout &drop) {
+    const int64_t hd = c / nheads;
+    auto t = wrap(qkv, {nseq, seq, 3, nheads, hd}, w);
+    if (bf16) t = t.to(at::kBFloat16).to(at::kFloat);  // the rounding of bf16 inputs, computed in float32
+    Dropped d{t.select(2, 0).transpose(1, 2), t.select(2, 1).transpose(1, 2), t.select(2, 2).transpose(1, 2)};
+    auto scores = at::matmul(d.q, d.k.transpose(2, 3)).mul_(scale);
+    if (mask) {
+        scores.add_(wrap(mask, {nseq, 1, seq, seq}, w));
+    } else {
+        auto future = at::ones({seq, seq}, scores.options().dtype(at::kBool)).triu_(1);
+        scores.masked_fill_(future, -std::numeric_limits<float>::infinity());
+    }
+    d.probs = at::softmax(scores, -1);
+    auto opts = at::TensorOptions().dtype(at::kLong).device(scores.device());
+    auto index = at::arange(nseq * nheads * seq * seq, opts).add_(drop.first_seq * nheads * seq * seq);
+    d.scaled_keep = dropout_keep(index, drop.seed, drop.p)
+                        .to(at::kFloat)
+                        .mul_((float)(1.0 / (1.0 - (double)drop.p)))
+                        .view({nseq, nheads, seq, seq});
+    return d;
+}
 }  // namespace
 
+at::Tensor attention_dropout_keep(int64_t nseq, int64_t nheads, int64_t seq, float p, int64_t seed,
+                                  int64_t first_seq) {
+    c10::NoGradGuard no_grad;
+    auto index = at::arange(nseq * nheads * seq * seq, at::kLong).add_(first_seq * nheads * seq * seq);
+    return dropout_keep(index, seed, p).view({nseq, nheads, seq, seq});
+}
+
 void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                       const float *qkv, const float *mask, float *y) {
+                       const float *qkv, const float *mask, float *y, const AttentionDropout &drop) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
+    if (drop.p > 0.0f) {
+        // one sequence at a time: the (nheads, seq, seq) temporaries of one, not of the whole tile
+        for (int64_t s = 0; s < nseq; ++s) {
+            AttentionDropout one{drop.p, drop.seed, drop.first_seq + s};
+            auto d = dropped_probs(w, qkv + s * seq * 3 * c, mask ? mask + s * seq * seq : nullptr, 1, seq, c, nheads,
+                                   scale, bf16, one);
+            auto out = at::matmul(d.probs.mul_(d.scaled_keep), d.v);  // (1, nheads, seq, hd)
+            wrap(y + s * seq * c, {1, seq, nheads, c / nheads}, w).copy_(out.transpose(1, 2));
+        }
+        return;
+    }
     auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads, bf16);
     auto f = attend(w, q, k, v, scale, attention_bias(w, mask, nseq, seq, nheads, q));
     wrap(y, {nseq, seq, nheads, c / nheads}, w).copy_(unpad(f.out, c / nheads));
 }
 
 void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                        const float *dy, const float *qkv, const float *mask, float *dqkv) {
+                        const float *dy, const float *qkv, const float *mask, float *dqkv,
+                        const AttentionDropout &drop) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     int64_t hd = c / nheads, hp = padded_hd(w, hd);
+    if (drop.p > 0.0f) {
+        // out = (P * K) v with P = softmax(S), K the scaled keep mask; dS = P * (dP - rowsum(dP * P)), dP = dPk * K.
+        // One sequence at a time, as the forward.
+        for (int64_t s = 0; s < nseq; ++s) {
+            AttentionDropout one{drop.p, drop.seed, drop.first_seq + s};
+            auto d = dropped_probs(w, qkv + s * seq * 3 * c, mask ? mask + s * seq * seq : nullptr, 1, seq, c, nheads,
+                                   scale, bf16, one);
+            auto g = wrap(dy + s * seq * c, {1, seq, nheads, hd}, w).transpose(1, 2);  // (1, nheads, seq, hd)
+            if (bf16) g = g.to(at::kBFloat16).to(at::kFloat);
+            auto dropped = d.probs * d.scaled_keep;
+            auto gv = at::matmul(dropped.transpose(2, 3), g);
+            auto dp = at::matmul(g, d.v.transpose(2, 3)).mul_(d.scaled_keep);
+            auto ds = (dp - (dp * d.probs).sum(-1, true)).mul_(d.probs).mul_(scale);
+            auto gq = at::matmul(ds, d.k);
+            auto gk = at::matmul(ds.transpose(2, 3), d.q);
+            auto out = wrap(dqkv + s * seq * 3 * c, {1, seq, 3, nheads, hd}, w);
+            out.select(2, 0).copy_(gq.transpose(1, 2));
+            out.select(2, 1).copy_(gk.transpose(1, 2));
+            out.select(2, 2).copy_(gv.transpose(1, 2));
+        }
+        return;
+    }
     auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads, bf16);
     const at::Tensor bias = attention_bias(w, mask, nseq, seq, nheads, q);
     const bool causal = !bias.defined();

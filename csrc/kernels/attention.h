@@ -15,11 +15,23 @@
 
 namespace nntile::kernels {
 
+// Dropout on the attention probabilities: p = 0 for none. Probability (s, h, i, j) of global sequence
+// s = first_seq + the tile's sequence, head h, query i, key j is kept (and scaled by 1 / (1 - p)) where the
+// splitmix64 hash of (seed, ((s * nheads + h) * seq + i) * seq + j) says so, as kernels::dropout draws its masks:
+// the same on CPU and GPU, for any tiling, and never stored (the backward recomputes it).
+struct AttentionDropout {
+    float p = 0.0f;
+    int64_t seed = 0, first_seq = 0;
+};
+
 void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                       const float *qkv, const float *mask, float *y);
+                       const float *qkv, const float *mask, float *y, const AttentionDropout &drop = {});
 // Recomputes the forward (activation recomputation) and writes dqkv (nseq * seq, 3 * c). No autograd inside.
 void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                        const float *dy, const float *qkv, const float *mask, float *dqkv);
+                        const float *dy, const float *qkv, const float *mask, float *dqkv,
+                        const AttentionDropout &drop = {});
+// The keep mask (nseq, nheads, seq, seq) of `drop` as a CPU bool tensor: for tests' references.
+at::Tensor attention_dropout_keep(int64_t nseq, int64_t nheads, int64_t seq, float p, int64_t seed, int64_t first_seq);
 // The fused kernels, numbered as ATen's SDPBackend numbers the GPU's (kCpu is ours: the CPU's flash kernel).
 constexpr int kFlash = 1, kEfficient = 2, kCudnn = 3, kCpu = 4;
 // bf16 causal attention on GPUs: -1 (default) the kernel torch's scaled_dot_product_attention picks, else kFlash,

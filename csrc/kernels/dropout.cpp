@@ -10,6 +10,16 @@ namespace {
 at::Tensor shr(const at::Tensor &z, int s) { return at::bitwise_and(at::bitwise_right_shift(z, s), (int64_t)((~0ULL) >> s)); }
 }  // namespace
 
+at::Tensor dropout_keep(const at::Tensor &index, int64_t seed, float p) {
+    // splitmix64 of seed * golden + index (wrapping int64 arithmetic)
+    auto z = index + (int64_t)((uint64_t)seed * 0x9E3779B97F4A7C15ULL);
+    z = (z ^ shr(z, 30)) * (int64_t)0xBF58476D1CE4E5B9ULL;
+    z = (z ^ shr(z, 27)) * (int64_t)0x94D049BB133111EBULL;
+    z = z ^ shr(z, 31);
+    auto u = shr(z, 40);  // 24 uniform bits
+    return u.lt((int64_t)((1.0 - (double)p) * (double)(1 << 24)));
+}
+
 void dropout(const Where &w, const DropoutTile &tile, int64_t seed, float p, const float *x, float *y) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
@@ -21,13 +31,7 @@ void dropout(const Where &w, const DropoutTile &tile, int64_t seed, float p, con
         index = index.unsqueeze(-1) + at::arange(tile.extents[d], opts) * tile.strides[d];
         n *= tile.extents[d];
     }
-    // splitmix64 of seed * golden + index (wrapping int64 arithmetic)
-    auto z = index.reshape({n}) + (int64_t)((uint64_t)seed * 0x9E3779B97F4A7C15ULL);
-    z = (z ^ shr(z, 30)) * (int64_t)0xBF58476D1CE4E5B9ULL;
-    z = (z ^ shr(z, 27)) * (int64_t)0x94D049BB133111EBULL;
-    z = z ^ shr(z, 31);
-    auto u = shr(z, 40);  // 24 uniform bits
-    auto keep = u.lt((int64_t)((1.0 - (double)p) * (double)(1 << 24)));
+    auto keep = dropout_keep(index.reshape({n}), seed, p);
     auto X = wrap(x, {n}, w);
     auto Y = wrap(y, {n}, w);
     at::mul_out(Y, X, keep.to(at::kFloat) * (float)(1.0 / (1.0 - (double)p)));

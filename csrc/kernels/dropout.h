@@ -18,5 +18,7 @@ struct DropoutTile {
 };
 
 void dropout(const Where &w, const DropoutTile &tile, int64_t seed, float p, const float *x, float *y);
+// The keep mask (bool) of int64 element indices `index` (any shape and device), as dropout draws it.
+at::Tensor dropout_keep(const at::Tensor &index, int64_t seed, float p);
 
 }  // namespace nntile::kernels

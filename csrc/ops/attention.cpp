@@ -27,31 +27,38 @@ void check_mask(TileTensor &qkv, TileTensor *mask, int64_t seq, const char *op) 
                     << qkv.tile_shape()[0] << " rows (got shape " << c10::IntArrayRef(mask->shape()) << ", tiles "
                     << c10::IntArrayRef(mask->tile_shape()) << ")");
 }
+void check_dropout(float p, const char *op) {
+    NNTILE_CHECK(p >= 0.0f && p < 1.0f, op << ": dropout_p must be in [0, 1) (got " << p << ")");
+}
 }  // namespace
 
 void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale, bool bf16,
-                       TileTensor *mask) {
+                       TileTensor *mask, float dropout_p, int64_t seed) {
     check(qkv, y, seq, nheads, "attention");
     check_mask(qkv, mask, seq, "attention");
+    check_dropout(dropout_p, "attention");
     int64_t c = y.shape()[1];
     for (int64_t i = 0; i < qkv.grid()[0]; ++i) {
         OnWorker on(placement_worker(i));
         codelets::submit_attention_forward(qkv.tile_extent(0, i) / seq, seq, c, nheads, scale, bf16, qkv.handle(i),
-                                           mask ? mask->handle(i) : nullptr, y.handle(i));
+                                           mask ? mask->handle(i) : nullptr, y.handle(i), dropout_p, seed,
+                                           i * qkv.tile_shape()[0] / seq);
     }
     y.bump_version();
 }
 
 void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale,
-                        bool bf16, TileTensor *mask) {
+                        bool bf16, TileTensor *mask, float dropout_p, int64_t seed) {
     check(qkv, dy, seq, nheads, "attention_backward");
     check_mask(qkv, mask, seq, "attention_backward");
+    check_dropout(dropout_p, "attention_backward");
     NNTILE_CHECK(dqkv.same_tiling(qkv), "attention_backward: dqkv must be tiled like qkv");
     int64_t c = dy.shape()[1];
     for (int64_t i = 0; i < qkv.grid()[0]; ++i) {
         OnWorker on(placement_worker(i));
         codelets::submit_attention_backward(qkv.tile_extent(0, i) / seq, seq, c, nheads, scale, bf16, dy.handle(i),
-                                            qkv.handle(i), mask ? mask->handle(i) : nullptr, dqkv.handle(i));
+                                            qkv.handle(i), mask ? mask->handle(i) : nullptr, dqkv.handle(i),
+                                            dropout_p, seed, i * qkv.tile_shape()[0] / seq);
     }
     dqkv.bump_version();
 }

@@ -49,10 +49,12 @@ void layer_norm_backward(TileTensor &dy, TileTensor &x, TileTensor &mean, TileTe
 // mask: nullptr for causal attention, else an additive float mask (M, seq) tiled by qkv's rows (row s * seq + i:
 // query i of sequence s against each key; causality is then the mask's).
 // bf16: the kernel computes in bfloat16 (as torch under bf16 autocast); tiles stay float32.
+// dropout_p > 0: dropout on the attention probabilities with a mask that is a hash of (seed, sequence, head,
+// query, key), the same for any tiling; the backward with the same seed applies the same mask.
 void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale, bool bf16,
-                       TileTensor *mask = nullptr);
+                       TileTensor *mask = nullptr, float dropout_p = 0.0f, int64_t seed = 0);
 void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale,
-                        bool bf16, TileTensor *mask = nullptr);
+                        bool bf16, TileTensor *mask = nullptr, float dropout_p = 0.0f, int64_t seed = 0);
 // A task per tile of the integer tensor ids that records an error (raised at the host's next wait, e.g.
 // loss.item()) when a value lies outside [lo, hi) and is not `ignore`: index checks without a host read.
 void index_check(TileTensor &ids, int64_t lo, int64_t hi, int64_t ignore, const std::string &what);

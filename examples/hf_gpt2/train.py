@@ -23,7 +23,7 @@ p.add_argument("--width", type=int, default=128)
 p.add_argument("--heads", type=int, default=4)
 p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
 p.add_argument("--lr", type=float, default=1e-3)
-p.add_argument("--dropout", type=float, default=0.1, help="GPT-2's resid_pdrop and embd_pdrop")
+p.add_argument("--dropout", type=float, default=0.1, help="GPT-2's attn_pdrop, resid_pdrop and embd_pdrop")
 p.add_argument("--data", default=os.__file__)
 p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 args = p.parse_args()
@@ -46,11 +46,11 @@ def batch(step):
     return ids.to(args.device), mask.to(args.device), labels.to(args.device)
 
 
-# attn_pdrop=0: dropout inside the attention has no tile version yet (with it, attention runs as torch code, with a
-# warning); resid_pdrop and embd_pdrop are GPT-2's 0.1 by default (tile dropout).
+# attn_pdrop, resid_pdrop and embd_pdrop are GPT-2's 0.1 by default (tile dropout, inside the attention tasks too).
 config = transformers.GPT2Config(vocab_size=PAD + 1, n_positions=args.max_len, n_embd=args.width,
                                  n_layer=args.layers, n_head=args.heads, bos_token_id=0, eos_token_id=0,
-                                 pad_token_id=PAD, attn_pdrop=0.0, resid_pdrop=args.dropout, embd_pdrop=args.dropout)
+                                 pad_token_id=PAD, attn_pdrop=args.dropout, resid_pdrop=args.dropout,
+                                 embd_pdrop=args.dropout)
 config._attn_implementation = args.attn
 model = transformers.GPT2LMHeadModel(config).to(args.device)
 model = nt.convert(model)  # the one line nntile_torch adds

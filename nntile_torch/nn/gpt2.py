@@ -1,16 +1,17 @@
 """Hugging Face GPT-2 attention as tile tasks: convert() rebinds each GPT2Attention's forward to this one, which
 keeps the module (its class, children and state_dict keys) and runs attention as tile tasks whatever the
 configured attn_implementation ("eager", "sdpa", the default): causal, or with the 4-d mask Hugging Face builds
-from a padding attention_mask (boolean for sdpa, additive float for eager; causality included). What it does not
-cover (key/value caches, cross-attention, attention dropout in training, returned attention weights, masks that
-differ per head) runs the original forward, recorded as a dense fallback (convert_report; strict mode raises)."""
+from a padding attention_mask (boolean for sdpa, additive float for eager; causality included), with attn_pdrop's
+dropout on the probabilities in training (inside the tasks). What it does not cover (key/value caches,
+cross-attention, returned attention weights, masks that differ per head) runs the original forward, recorded as a
+dense fallback (convert_report; strict mode raises)."""
 import types
 
 import torch
 import torch.nn.functional as F
 
 from ..costs import Costs, register_form, residual_block
-from ..functional import CausalAttentionFunction, attention_mask_tiles, attention_tiles_ok
+from ..functional import CausalAttentionFunction, attention_mask_tiles, attention_tiles_ok, dropout_seed
 from ..report import note_dense
 from ..tensor import without_torch_function
 from .linear import Conv1D
@@ -55,8 +56,6 @@ def _uncovered(self, past_key_values, attention_mask, encoder_hidden_states, out
         return "cross-attention"
     if output_attentions:
         return "output_attentions=True"
-    if self.training and getattr(self.attn_dropout, "p", 0.0) > 0:
-        return "attention dropout in training"
     if not isinstance(self.c_attn, Conv1D):
         return "c_attn not converted"
     if attention_mask is not None and not torch.is_tensor(attention_mask):
@@ -84,22 +83,25 @@ def _covered_forward(self, hidden_states, attention_mask):
     b, t, _ = qkv.shape
     # The attention kernel runs in the precision of the layer feeding it (bf16 as torch under bf16 autocast).
     bf16 = self.c_attn.precision == "bf16"
+    dropout_p = float(getattr(self.attn_dropout, "p", 0.0)) if self.training else 0.0
     if attention_tiles_ok(qkv):
         mask = None
         if attention_mask is not None:
             mask = attention_mask_tiles(attention_mask, b, t, qkv.tiles.tile_shape[0], qkv.device)
             if mask is None:
                 return None
-        y = CausalAttentionFunction.apply(qkv, self.num_heads, float(self.scaling), bf16, mask)
+        y = CausalAttentionFunction.apply(qkv, self.num_heads, float(self.scaling), bf16, mask, dropout_p,
+                                          dropout_seed() if dropout_p > 0.0 else 0)
     else:  # tiles that do not hold whole rows and sequences: torch's fused attention on the dense values
         note_dense("attention", f"qkv tiles {tuple(qkv.tiles.tile_shape)} do not hold whole rows and sequences "
                                 f"of {t} (tile_size >= 3 x width, batch_tile_size a multiple of the sequence length)")
         q, k, v = (z.reshape(b, t, self.num_heads, self.head_dim).transpose(1, 2)
                    for z in qkv.split(self.split_size, dim=2))
         if attention_mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling, dropout_p=dropout_p)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=self.scaling)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=self.scaling,
+                                               dropout_p=dropout_p)
         y = y.transpose(1, 2).reshape(b, t, -1)
     out = self.resid_dropout(self.c_proj(y))
     return out, None
