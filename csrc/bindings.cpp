@@ -273,6 +273,10 @@ PYBIND11_MODULE(_C, m) {
           py::arg("eps"), py::arg("y"), py::arg("mean"), py::arg("rstd"));
     m.def("layer_norm_backward", &ops::layer_norm_backward, nogil, py::arg("dy"), py::arg("x"), py::arg("mean"),
           py::arg("rstd"), py::arg("weight"), py::arg("dx"), py::arg("dweight"), py::arg("dbias"));
+    m.def("rmsnorm_forward", &ops::rmsnorm_forward, nogil, py::arg("x"), py::arg("weight"), py::arg("eps"),
+          py::arg("y"), py::arg("rstd"));
+    m.def("rmsnorm_backward", &ops::rmsnorm_backward, nogil, py::arg("dy"), py::arg("x"), py::arg("rstd"),
+          py::arg("weight"), py::arg("dx"), py::arg("dweight"));
     m.def("attention_forward", &ops::attention_forward, nogil, py::arg("qkv"), py::arg("y"), py::arg("seq"),
           py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr,
           py::arg("dropout_p") = 0.0f, py::arg("seed") = 0);

@@ -6,6 +6,9 @@ Recognized by what modules compute, not by a list of classes:
 - layer norms: nn.LayerNorm (last dim, bias or not) -> nntile_torch.nn.LayerNorm; any other module whose forward
   is F.layer_norm of its input with its own weight and optional bias (nanoGPT's LayerNorm) keeps its class and
   gets tiled parameters: its F.layer_norm call then runs as tile tasks (TileTensor.__torch_function__);
+- RMSNorm (torch.nn.RMSNorm, Hugging Face's LlamaRMSNorm and its copies in Mistral and Qwen2: any module whose only
+  parameter is a weight and whose forward is weight * (x * rsqrt(mean(x^2) + eps)), checked on probes) ->
+  nntile_torch.nn.RMSNorm;
 - GELU in every form (nn.GELU, F.gelu in a module, the tanh formula written out: Hugging Face's
   NewGELUActivation, nanoGPT's new_gelu), found by running the module on a probe -> nntile_torch.nn.GELU;
 - nn.Embedding (default options, width within a tile; token or position table, tied to a converted linear layer
@@ -26,13 +29,13 @@ from torch import nn
 from tqdm import tqdm
 
 from . import config
-from .nn import GELU, Conv1D, Dropout, Embedding, LayerNorm, Linear
+from .nn import GELU, Conv1D, Dropout, Embedding, LayerNorm, Linear, RMSNorm
 from .nn.embedding import check_indices_now
 from .nn._init import no_init
 from .nn.gpt2 import is_gpt2_attention, patch_gpt2_attention
 from .owners import module_record
 from .param import param_state
-from .recognize import gelu_like, layer_norm_like
+from .recognize import gelu_like, layer_norm_like, rmsnorm_like
 from .report import ConvertReport, register
 from .runtime import ensure_init, info, is_running
 from .tensor import TileTensor
@@ -83,6 +86,9 @@ def _kind(m, tile_size):
     ln = layer_norm_like(m)
     if ln is not None:
         return "tile", ln
+    rms = rmsnorm_like(m)
+    if rms is not None:
+        return "swap", ("rmsnorm",) + rms
     approximate = gelu_like(m)
     if approximate is not None:
         return "swap", ("gelu", approximate)
@@ -94,7 +100,8 @@ def _kind(m, tile_size):
 
 
 def _model_width(model):
-    """The widest layer norm's width (a GPT-2's hidden size), or None: what the default weight tile is made from."""
+    """The widest layer norm's or RMSNorm's width (a GPT-2's or Llama's hidden size), or None: what the default
+    weight tile is made from."""
     widths = []
     for m in model.modules():
         if type(m) is nn.LayerNorm:
@@ -108,6 +115,8 @@ def _model_width(model):
             ln = layer_norm_like(m)  # a forward on two rows: only for modules shaped like one
             if ln is not None:
                 widths.append(ln[0])
+            elif set(params) == {"weight"} and rmsnorm_like(m) is not None:
+                widths.append(w.shape[0])
     return max(widths) if widths else None
 
 
@@ -140,6 +149,8 @@ def _swap(m, what, kw, home=None):
         return Dropout(m.p, inplace=m.inplace, **tiles)
     if type(m) is nn.Embedding:
         return Embedding(m.num_embeddings, m.embedding_dim, device=dev, **tiles)
+    if what[0] == "rmsnorm":
+        return RMSNorm(what[1], eps=what[2], device=dev, batch_tile_size=kw["batch_tile_size"])
     return GELU(what[1], **tiles)
 
 

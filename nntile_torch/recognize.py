@@ -1,7 +1,8 @@
 """Recognizing what a module computes by running it, not by its class name: a module whose forward is a layer
 norm (nn.LayerNorm, or any class holding a weight and an optional bias that calls F.layer_norm, as nanoGPT's
-LayerNorm(bias=False) does), or an activation that is GELU (nn.GELU, F.gelu in a module, the tanh formula
-written out as Hugging Face's NewGELUActivation or nanoGPT's new_gelu).
+LayerNorm(bias=False) does), an RMSNorm (torch.nn.RMSNorm, Hugging Face's LlamaRMSNorm), or an activation that is
+GELU (nn.GELU, F.gelu in a module, the tanh formula written out as Hugging Face's NewGELUActivation or nanoGPT's
+new_gelu).
 
 Each probe runs the module once on a small input before anything is converted (under no_grad; on the meta
 device for modules whose parameters are there), so any code that computes the same thing is recognized."""
@@ -85,4 +86,46 @@ def gelu_like(m):
     return None
 
 
-__all__ = ["layer_norm_like", "gelu_like"]
+def rmsnorm_like(m):
+    """(width, eps) when m (a leaf whose only parameter is weight (C,), float32, no buffers) computes, on probe
+    inputs, weight * (x * rsqrt(mean(x^2) + eps)) of its input x (..., C) to float32 rounding, as torch.nn.RMSNorm
+    and Hugging Face's LlamaRMSNorm (Mistral's, Qwen2's) do; else None. eps is the module's `variance_epsilon` or
+    `eps` attribute, else read off a probe of small inputs (where eps weighs); either way the probes check it. A
+    module on the meta device is probed with random real weights (torch.func.functional_call)."""
+    params = dict(m.named_parameters(recurse=False))
+    w = params.get("weight")
+    if not _leaf(m) or w is None or w.dim() != 1 or set(params) != {"weight"} or w.dtype != torch.float32 \
+            or next(iter(m.buffers(recurse=False)), None) is not None:
+        return None
+    c = w.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.rand(c, generator=gen) + 0.5
+    x = torch.randn(3, c, generator=gen, dtype=torch.float64).float()
+    small = x * 1e-3  # mean(x^2) ~ 1e-6: typical eps (1e-6, 1e-5) changes the result
+    try:
+        with torch.no_grad():
+            y, y_small = (torch.func.functional_call(m, {"weight": weight}, (v,)) for v in (x, small))
+    except Exception:  # a module that does not take one tensor: not an RMSNorm
+        return None
+    if not all(isinstance(t, torch.Tensor) and t.shape == x.shape and t.dtype == torch.float32
+               for t in (y, y_small)):
+        return None
+    y, y_small = y.detach().cpu().double(), y_small.detach().cpu().double()
+    eps = next((getattr(m, a) for a in ("variance_epsilon", "eps") if isinstance(getattr(m, a, None), float)), None)
+    if eps is None and isinstance(m, nn.RMSNorm) and m.eps is None:
+        eps = torch.finfo(torch.float32).eps  # torch.nn.RMSNorm's default
+    if eps is None:  # y = weight * x * r, r = (mean(x^2) + eps)^-1/2: r per row by least squares, then eps
+        wx = weight.double() * small.double()
+        r = (y_small * wx).sum(-1) / (wx * wx).sum(-1)
+        eps = float(f"{float((r.pow(-2) - small.double().pow(2).mean(-1)).mean()):.4g}")
+        if not eps >= 0.0:
+            return None
+    for probe, out in ((x, y), (small, y_small)):
+        xd = probe.double()
+        ref = weight.double() * (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + eps))
+        if (out - ref).abs().max().item() > 16 * torch.finfo(torch.float32).eps * ref.abs().max().item():
+            return None
+    return c, float(eps)
+
+
+__all__ = ["layer_norm_like", "gelu_like", "rmsnorm_like"]

@@ -49,6 +49,13 @@ void submit_layer_norm_backward(int64_t m, int64_t c, starpu_data_handle_t dy, s
                                 starpu_data_handle_t mean, starpu_data_handle_t rstd, starpu_data_handle_t weight,
                                 starpu_data_handle_t dx, starpu_data_handle_t dweight, starpu_data_handle_t dbias,
                                 float beta);
+// RMSNorm of a tile of whole rows (m, c): y and rstd (m) written. Backward writes dx and adds (beta 1) or writes
+// (beta 0) the weight gradient (c).
+void submit_rmsnorm_forward(int64_t m, int64_t c, float eps, starpu_data_handle_t x, starpu_data_handle_t weight,
+                            starpu_data_handle_t y, starpu_data_handle_t rstd);
+void submit_rmsnorm_backward(int64_t m, int64_t c, starpu_data_handle_t dy, starpu_data_handle_t x,
+                             starpu_data_handle_t rstd, starpu_data_handle_t weight, starpu_data_handle_t dx,
+                             starpu_data_handle_t dweight, float beta);
 // Self-attention over nseq whole sequences in one tile: qkv (nseq * seq, 3c) -> y (nseq * seq, c); backward
 // writes dqkv. mask: nullptr (causal) or an additive float mask tile (nseq * seq, seq). bf16: computed in
 // bfloat16 (float32 tiles in and out). dropout_p > 0: dropout on the attention probabilities, the mask a hash of

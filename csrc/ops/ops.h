@@ -44,6 +44,11 @@ void layer_norm_forward(TileTensor &x, TileTensor &weight, TileTensor &bias, flo
                         TileTensor &mean, TileTensor &rstd);
 void layer_norm_backward(TileTensor &dy, TileTensor &x, TileTensor &mean, TileTensor &rstd, TileTensor &weight,
                          TileTensor &dx, TileTensor &dweight, TileTensor &dbias);
+// RMSNorm over the last dim of a 2-d (M, C) tensor whose tiles hold whole rows: rstd (M,) tiled like x's rows.
+// Backward overwrites dweight (C,).
+void rmsnorm_forward(TileTensor &x, TileTensor &weight, float eps, TileTensor &y, TileTensor &rstd);
+void rmsnorm_backward(TileTensor &dy, TileTensor &x, TileTensor &rstd, TileTensor &weight, TileTensor &dx,
+                      TileTensor &dweight);
 // Self-attention: qkv (M, 3C) in tiles of whole rows holding whole sequences of `seq` positions
 // (row tile a multiple of seq) -> y (M, C), tiled by the same rows. Backward: dqkv tiled like qkv.
 // mask: nullptr for causal attention, else an additive float mask (M, seq) tiled by qkv's rows (row s * seq + i:

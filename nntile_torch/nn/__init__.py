@@ -2,5 +2,6 @@
 from .embedding import Embedding
 from .linear import Conv1D, Linear
 from .norm_act import GELU, Dropout, LayerNorm
+from .rmsnorm import RMSNorm
 
-__all__ = ["Linear", "Conv1D", "LayerNorm", "GELU", "Embedding", "Dropout"]
+__all__ = ["Linear", "Conv1D", "LayerNorm", "GELU", "Embedding", "Dropout", "RMSNorm"]
