@@ -277,6 +277,9 @@ PYBIND11_MODULE(_C, m) {
           py::arg("y"), py::arg("rstd"));
     m.def("rmsnorm_backward", &ops::rmsnorm_backward, nogil, py::arg("dy"), py::arg("x"), py::arg("rstd"),
           py::arg("weight"), py::arg("dx"), py::arg("dweight"));
+    m.def("silu_mul_forward", &ops::silu_mul_forward, nogil, py::arg("g"), py::arg("u"), py::arg("y"));
+    m.def("silu_mul_backward", &ops::silu_mul_backward, nogil, py::arg("dy"), py::arg("g"), py::arg("u"),
+          py::arg("dg"), py::arg("du"));
     m.def("attention_forward", &ops::attention_forward, nogil, py::arg("qkv"), py::arg("y"), py::arg("seq"),
           py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr,
           py::arg("dropout_p") = 0.0f, py::arg("seed") = 0);

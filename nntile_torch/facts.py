@@ -161,7 +161,8 @@ def model_facts(model):
     if not width:  # no embedding, no config: the widest matmul input of a block
         mats = [p for p in model.parameters() if p.dim() == 2]
         width = min(min(p.shape) for p in mats) if mats else 1
-    inner = getattr(cfg, "n_inner", None) or 4 * width
+    # GPT-2 names its MLP width n_inner (None: 4 x width), the Llama family intermediate_size
+    inner = getattr(cfg, "n_inner", None) or getattr(cfg, "intermediate_size", None) or 4 * width
     return ModelFacts(params, len(blocks), int(width), int(vocab or 0), int(inner), path, modules)
 
 

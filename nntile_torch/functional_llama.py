@@ -1,4 +1,4 @@
-"""Autograd Functions of the Llama family's forms (RMSNorm), submitting tile tasks without waits."""
+"""Autograd Functions of the Llama family's forms (RMSNorm, the gated MLP's silu(g) * u), submitting tile tasks without waits."""
 import torch
 
 from . import _C
@@ -38,3 +38,36 @@ class RMSNormFunction(torch.autograd.Function):
         _C.rmsnorm_backward(tiles_of(xt.shape, xt.tile_shape, dy), xt, rstd, wt, dx, dw)
         return TileTensor(dx, ctx.x_shape, ctx.x_device), TileTensor(dw, wt.shape, ctx.w_device), None, None
 
+
+class SiluMulFunction(torch.autograd.Function):
+    """y = silu(g) * u elementwise (the gated MLP's step between its gate/up and down projections), one tile task
+    per tile. g and u (..., N) as TileTensors of the same tiling keep their tiles (a Linear's outputs); otherwise
+    both are tiled as the matrix (prod(...), N) in tiles (batch_tile, tile). The backward keeps g and u."""
+
+    @staticmethod
+    @without_torch_function
+    def forward(ctx, g, u, batch_tile, tile):
+        if g.shape != u.shape:
+            raise ValueError(f"silu_mul: gate and up must have one shape (got {tuple(g.shape)} and "
+                             f"{tuple(u.shape)})")
+        if plain(g) and plain(u) and list(g.tiles.shape) == list(u.tiles.shape) \
+                and list(g.tiles.tile_shape) == list(u.tiles.tile_shape):
+            gt, ut = g.tiles, u.tiles
+        else:
+            gt = g.tiles if plain(g) and len(g.tiles.shape) == 2 else as_matrix_tiles(g, batch_tile, tile)
+            ut = tiles_of(gt.shape, gt.tile_shape, u)
+        y = _C.TileTensor(list(gt.shape), list(gt.tile_shape), "float32", "silu_mul.y")
+        _C.silu_mul_forward(gt, ut, y)
+        keep(ctx, g.device, gt, ut)
+        ctx.shape, ctx.device = g.shape, g.device
+        return TileTensor(y, g.shape, g.device)
+
+    @staticmethod
+    @without_torch_function
+    @frees_saved
+    def backward(ctx, dy):
+        gt, ut = kept(ctx)
+        dg = _C.TileTensor(list(gt.shape), list(gt.tile_shape), "float32", "silu_mul.dg")
+        du = _C.TileTensor(list(gt.shape), list(gt.tile_shape), "float32", "silu_mul.du")
+        _C.silu_mul_backward(tiles_of(gt.shape, gt.tile_shape, dy), gt, ut, dg, du)
+        return TileTensor(dg, ctx.shape, ctx.device), TileTensor(du, ctx.shape, ctx.device), None, None

@@ -56,6 +56,10 @@ void submit_rmsnorm_forward(int64_t m, int64_t c, float eps, starpu_data_handle_
 void submit_rmsnorm_backward(int64_t m, int64_t c, starpu_data_handle_t dy, starpu_data_handle_t x,
                              starpu_data_handle_t rstd, starpu_data_handle_t weight, starpu_data_handle_t dx,
                              starpu_data_handle_t dweight, float beta);
+// The gated MLP's y = silu(g) * u over n values, and its backward dg, du (written).
+void submit_silu_mul_forward(int64_t n, starpu_data_handle_t g, starpu_data_handle_t u, starpu_data_handle_t y);
+void submit_silu_mul_backward(int64_t n, starpu_data_handle_t dy, starpu_data_handle_t g, starpu_data_handle_t u,
+                              starpu_data_handle_t dg, starpu_data_handle_t du);
 // Self-attention over nseq whole sequences in one tile: qkv (nseq * seq, 3c) -> y (nseq * seq, c); backward
 // writes dqkv. mask: nullptr (causal) or an additive float mask tile (nseq * seq, seq). bf16: computed in
 // bfloat16 (float32 tiles in and out). dropout_p > 0: dropout on the attention probabilities, the mask a hash of

@@ -49,6 +49,9 @@ void layer_norm_backward(TileTensor &dy, TileTensor &x, TileTensor &mean, TileTe
 void rmsnorm_forward(TileTensor &x, TileTensor &weight, float eps, TileTensor &y, TileTensor &rstd);
 void rmsnorm_backward(TileTensor &dy, TileTensor &x, TileTensor &rstd, TileTensor &weight, TileTensor &dx,
                       TileTensor &dweight);
+// y = silu(g) * u and its backward (dg, du written), tile by tile: every tensor tiled the same.
+void silu_mul_forward(TileTensor &g, TileTensor &u, TileTensor &y);
+void silu_mul_backward(TileTensor &dy, TileTensor &g, TileTensor &u, TileTensor &dg, TileTensor &du);
 // Self-attention: qkv (M, 3C) in tiles of whole rows holding whole sequences of `seq` positions
 // (row tile a multiple of seq) -> y (M, C), tiled by the same rows. Backward: dqkv tiled like qkv.
 // mask: nullptr for causal attention, else an additive float mask (M, seq) tiled by qkv's rows (row s * seq + i:
