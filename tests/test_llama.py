@@ -303,3 +303,19 @@ def test_hf_model_parity_with_dense_attention(kind):
     strict = nt.convert(hf_model(kind), strict=True, tile_size=64, batch_tile_size=37)
     with pytest.raises(nt.DenseFallbackError):  # until rotary and GQA have tile versions: named where they run
         strict(input_ids=ids)
+
+
+def test_llama_example_trains():
+    """examples/llama/train.py: built on meta, planned, converted, a few steps on the CLI's corpus; the loss starts
+    near ln(256) (bytes) and falls."""
+    import math
+    from pathlib import Path
+    from conftest import run_python
+    script = Path(__file__).resolve().parents[1] / "examples" / "llama" / "train.py"
+    code = f"import sys, runpy; sys.argv = [{str(script)!r}, '--steps', '4']; runpy.run_path(sys.argv[0])"
+    rc, out, err = run_python(code, 300, env={"PYTHONPATH": str(script.parents[2])}, what="the Llama example")
+    assert rc == 0, out[-2000:] + err[-3000:]
+    assert "memory plan:" in out
+    losses = [float(ln.split("loss ")[1].split()[0]) for ln in out.splitlines() if ln.startswith("step ")]
+    assert len(losses) == 4 and all(math.isfinite(v) for v in losses)
+    assert abs(losses[0] - math.log(256)) < 0.5 and losses[-1] < losses[0]
