@@ -295,11 +295,11 @@ def test_hf_model_parity_with_dense_attention(kind):
         ref(input_ids=ids, labels=ids).loss.backward()
         opt.step(), opt_ref.step()
     # Adam divides by sqrt(v): where a gradient is near zero its rounding passes undamped into that element's update
-    # (up to lr), so the updates are compared as wholes: each parameter's change within 1% of torch's, in norm.
+    # (up to lr), so the updates are compared as wholes: each parameter's change within 0.1% of torch's, in norm.
     state = model.state_dict()
     for name, v in ref.state_dict().items():
         moved = (v - start[name]).norm().item()
-        assert (state[name] - v).norm().item() <= 1e-2 * moved, name
+        assert (state[name] - v).norm().item() <= 1e-3 * moved, name
     strict = nt.convert(hf_model(kind), strict=True, tile_size=64, batch_tile_size=37)
     with pytest.raises(nt.DenseFallbackError):  # until rotary and GQA have tile versions: named where they run
         strict(input_ids=ids)
