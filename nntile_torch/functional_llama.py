@@ -3,7 +3,7 @@ import torch
 
 from . import _C
 from .functional import as_matrix_tiles, frees_saved, keep, kept, tiles_of
-from .tensor import TileTensor, plain, without_torch_function
+from .tensor import TileTensor, new_tiles, plain, without_torch_function
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -20,8 +20,8 @@ class RMSNormFunction(torch.autograd.Function):
             batch_tile = x.tiles.tile_shape[0]
         xt = as_matrix_tiles(x, batch_tile, c)
         m, bt = xt.shape[0], xt.tile_shape[0]
-        y = _C.TileTensor([m, c], [bt, c], "float32", "rmsnorm.y")
-        rstd = _C.TileTensor([m], [bt], "float32", "rmsnorm.rstd")
+        y = new_tiles([m, c], [bt, c], name="rmsnorm.y")
+        rstd = new_tiles([m], [bt], name="rmsnorm.rstd")
         _C.rmsnorm_forward(xt, weight.tiles, float(eps), y, rstd)
         keep(ctx, x.device, xt, rstd)
         ctx.wt = weight.tiles
@@ -33,8 +33,8 @@ class RMSNormFunction(torch.autograd.Function):
     @frees_saved
     def backward(ctx, dy):
         (xt, rstd), wt = kept(ctx), ctx.wt
-        dx = _C.TileTensor(list(xt.shape), list(xt.tile_shape), "float32", "rmsnorm.dx")
-        dw = _C.TileTensor(list(wt.shape), list(wt.tile_shape), "float32", "rmsnorm.dw")
+        dx = new_tiles(xt.shape, xt.tile_shape, name="rmsnorm.dx")
+        dw = new_tiles(wt.shape, wt.tile_shape, name="rmsnorm.dw")
         _C.rmsnorm_backward(tiles_of(xt.shape, xt.tile_shape, dy), xt, rstd, wt, dx, dw)
         return TileTensor(dx, ctx.x_shape, ctx.x_device), TileTensor(dw, wt.shape, ctx.w_device), None, None
 
@@ -56,7 +56,7 @@ class SiluMulFunction(torch.autograd.Function):
         else:
             gt = g.tiles if plain(g) and len(g.tiles.shape) == 2 else as_matrix_tiles(g, batch_tile, tile)
             ut = tiles_of(gt.shape, gt.tile_shape, u)
-        y = _C.TileTensor(list(gt.shape), list(gt.tile_shape), "float32", "silu_mul.y")
+        y = new_tiles(gt.shape, gt.tile_shape, name="silu_mul.y")
         _C.silu_mul_forward(gt, ut, y)
         keep(ctx, g.device, gt, ut)
         ctx.shape, ctx.device = g.shape, g.device
@@ -67,7 +67,7 @@ class SiluMulFunction(torch.autograd.Function):
     @frees_saved
     def backward(ctx, dy):
         gt, ut = kept(ctx)
-        dg = _C.TileTensor(list(gt.shape), list(gt.tile_shape), "float32", "silu_mul.dg")
-        du = _C.TileTensor(list(gt.shape), list(gt.tile_shape), "float32", "silu_mul.du")
+        dg = new_tiles(gt.shape, gt.tile_shape, name="silu_mul.dg")
+        du = new_tiles(gt.shape, gt.tile_shape, name="silu_mul.du")
         _C.silu_mul_backward(tiles_of(gt.shape, gt.tile_shape, dy), gt, ut, dg, du)
         return TileTensor(dg, ctx.shape, ctx.device), TileTensor(du, ctx.shape, ctx.device), None, None

@@ -104,8 +104,7 @@ def is_gated_silu_mlp(m):
 
 def patch_gated_mlp(m):
     """Its forward becomes down(silu_mul(gate(x), up(x))): the product one tile task per tile, no dense step."""
-    if getattr(m, "_nntile_original_forward", None) is None:
-        m._nntile_original_forward = m.forward
+    if getattr(m.forward, "__func__", None) is not _gated_mlp_forward:  # once (convert() of a converted model)
         m.forward = types.MethodType(_gated_mlp_forward, m)
 
 
