@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from .costs import GPT2_BLOCK_ELEMENTWISE, residual_block
 from .facts import activation_bytes
 
 GiB = 2**30
@@ -150,8 +151,13 @@ def evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
     # forward, backward (twice the forward), and with checkpointing the recompute (once more)
     flops = (3 + (1 if opt.checkpointing else 0)) * costs.matmul_flops * tokens \
         + 3 * costs.attention_flops * tokens * (4 / 3 if opt.checkpointing else 1)
+    # elementwise tasks by the bytes the blocks' modules say they move, at the rate fitted on GPT-2 blocks; a block
+    # whose modules say nothing beyond its residual adds (a form not described) is taken as a GPT-2 block
+    full = GPT2_BLOCK_ELEMENTWISE * facts.width
+    elementwise = sum(b.elementwise if b.elementwise > residual_block(facts.width).elementwise else full
+                      for b in costs.blocks) / GPT2_BLOCK_ELEMENTWISE
     gpu_s = flops / rates.gemm(precision) / gpus \
-        + rates.per_layer_token_width_s * facts.n_layer * tokens * facts.width * (4 / 3 if opt.checkpointing else 1) / gpus
+        + rates.per_layer_token_width_s * elementwise * tokens * (4 / 3 if opt.checkpointing else 1) / gpus
     copy = 2 if precision == "bf16" and not bf16_master else 0  # the new bf16 copy an update writes
 
     def update_bytes(numel, mm):  # memory an AdamW update touches: gradient; master, moments and copy read/written

@@ -22,18 +22,21 @@ class Costs:
     attention_flops: forward FLOPs in attention's products (they grow with the sequence);
     checkpoint: bytes a block keeps under checkpointing (its input), for the module that is a whole block;
     matmul_weights: names of its own parameters a matmul reads (they get a bf16 copy in bf16 mode, and may be kept
-    as bf16 master weights)."""
+    as bf16 master weights);
+    elementwise: bytes its forward's elementwise tasks read and write (norms, activations, residual adds): the plan's
+    share of GPU time besides GEMMs and attention (plan.py: GPT2_BLOCK_ELEMENTWISE)."""
     kept: int = 0
     backward: int = 0
     matmul_flops: int = 0
     attention_flops: int = 0
     checkpoint: int = 0
     matmul_weights: tuple = ()
+    elementwise: int = 0
 
     def __add__(self, other):
         return Costs(self.kept + other.kept, self.backward + other.backward, self.matmul_flops + other.matmul_flops,
                      self.attention_flops + other.attention_flops, self.checkpoint + other.checkpoint,
-                     self.matmul_weights + other.matmul_weights)
+                     self.matmul_weights + other.matmul_weights, self.elementwise + other.elementwise)
 
 
 def matmul_input_bytes(precision):
@@ -65,8 +68,8 @@ def describe(module, precision, seq):
 def residual_block(width):
     """A transformer block's own costs beside its modules': checkpointing keeps its input, its backward the
     gradient of the residual stream (float32, width elements each). The default for a block that does not describe
-    itself."""
-    return Costs(backward=4 * width, checkpoint=4 * width)
+    itself. Its two residual adds read two float32 streams and write one each (elementwise)."""
+    return Costs(backward=4 * width, checkpoint=4 * width, elementwise=2 * 12 * width)
 
 
 def language_model(width, vocab, precision):
@@ -74,3 +77,9 @@ def language_model(width, vocab, precision):
     the embeddings' output, the stream into the first block; at the head (alive from the loss to the head's
     backward) the logits, their gradient and its copy for the head's matmul. Returns (front, head)."""
     return Costs(kept=8 + 4 * width), Costs(kept=4 * vocab, backward=4 * vocab + matmul_input_bytes(precision) * vocab)
+
+
+# A GPT-2 block's elementwise bytes per token and width: two residual adds (24), two layer norms (16), GELU over the
+# 4 x width inner features (32). The plan's elementwise rate was fitted per (layer x token x width) on GPT-2 shapes:
+# per byte it is that rate over this.
+GPT2_BLOCK_ELEMENTWISE = 72

@@ -243,8 +243,37 @@ def test_plan_reads_llama_shapes(kind):
     assert c.blocks[0].kept == expect == 4856
     assert gqa_attention_costs(72, 36, 64, 72, "bf16").kept - gqa_attention_costs(72, 36, 64, 72).kept == 8 * 72
     assert gated_mlp_costs(164, 72).kept == 4 * (2 * 164 - 72)
+    # elementwise bytes per token and block: two residual adds, two RMSNorms, silu_mul over the inner width
+    assert c.blocks[0].elementwise == 24 * 72 + 2 * 8 * 72 + 12 * 164
     plan = nt.plan(model, 4, 64, "fp32", host_memory="8GiB")
     assert plan.facts.inner == 164 and plan.facts.n_layer == 2
+
+
+def test_plan_elementwise_share_keeps_gpt2_and_scales_llama():
+    """The plan's elementwise time is the blocks' described bytes at the rate fitted on GPT-2: a GPT-2 block sums to
+    GPT2_BLOCK_ELEMENTWISE x width (its prediction unchanged), a Llama block to its own, and the predicted GPU time
+    differs between two Llama shapes by their MLPs' inner width alone."""
+    import transformers
+    from nntile_torch.costs import GPT2_BLOCK_ELEMENTWISE
+    from nntile_torch.facts import model_facts
+    with torch.device("meta"):
+        gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=300))
+    assert all(b.elementwise == GPT2_BLOCK_ELEMENTWISE * 64 for b in model_facts(gpt2).costs("bf16", 64).blocks)
+    from nntile_torch.rates import Rates
+    fast = 1e30  # GEMMs, attention and updates free: the GPU time is the elementwise share alone
+    rates = Rates(gemm_flops=fast, gemm_flops_tf32=fast, gemm_flops_fp32=fast, hbm_bytes_s=fast,
+                  per_layer_token_width_s=1e-9)
+    times = []
+    for inner in (164, 1640):
+        cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=72, intermediate_size=inner, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+        with torch.device("meta"):
+            m = transformers.LlamaForCausalLM(cfg)
+        p = nt.plan(m, 4, 64, "bf16", host_memory="8GiB", rates=rates, checkpointing=False)
+        times.append(p.times["gpu_s"])
+    per_block = [24 * 72 + 16 * 72 + 12 * inner for inner in (164, 1640)]
+    assert times[1] / times[0] == pytest.approx(per_block[1] / per_block[0], rel=1e-6)
+    assert times[0] == pytest.approx(1e-9 * 2 * per_block[0] / GPT2_BLOCK_ELEMENTWISE * 4 * 64, rel=1e-6)
 
 
 # --- whole Hugging Face models: what has a tile version runs as tiles, the rest as torch code, same numbers ---

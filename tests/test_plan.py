@@ -506,8 +506,11 @@ def test_a_new_module_form_brings_its_own_description(monkeypatch):
     p0, p1 = nt.plan(base, **kw), nt.plan(extra, **kw)
     assert p1.tiers["gpu"]["activations"] - p0.tiers["gpu"]["activations"] == batch * seq * (L * (6 * c + 4) + 4 * c)
     assert p1.persistent_bytes()["bf16 copies"] - p0.persistent_bytes()["bf16 copies"] == 2 * L * c * c
-    assert p1.times["gpu_s"] - p0.times["gpu_s"] == pytest.approx(3 * L * 2 * c * c * batch * seq
-                                                                  / p0.rates.gemm("bf16"))
+    # the gate's FLOPs; and the made-up norm says no elementwise bytes where the LayerNorm said 8 x width
+    from nntile_torch.costs import GPT2_BLOCK_ELEMENTWISE
+    assert p1.times["gpu_s"] - p0.times["gpu_s"] == pytest.approx(
+        3 * L * 2 * c * c * batch * seq / p0.rates.gemm("bf16")
+        - p0.rates.per_layer_token_width_s * L * 8 * c / GPT2_BLOCK_ELEMENTWISE * batch * seq)
 
 
 def test_plan_uses_rates_measured_on_this_gpu_when_cached(tmp_path, monkeypatch):

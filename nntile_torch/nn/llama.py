@@ -39,9 +39,9 @@ def gqa_attention_costs(width, kv_width, seq, hidden=None, precision="fp32"):
 def gated_mlp_costs(inner, hidden=None, precision="fp32"):
     """silu(gate) * up over the inner width, per token: it keeps both products (float32, 2 x inner) for its
     backward, which makes both their gradients; the down projection keeps its own input (Linear's costs), the up
-    projection the gate's (`hidden` wide, taken back here)."""
+    projection the gate's (`hidden` wide, taken back here). silu_mul reads two values and writes one (elementwise)."""
     shared = _shared_input(hidden, precision) if hidden else 0
-    return Costs(kept=8 * inner - shared, backward=8 * inner)
+    return Costs(kept=8 * inner - shared, backward=8 * inner, elementwise=12 * inner)
 
 
 def _is_llama_attention(m):

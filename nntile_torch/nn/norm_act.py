@@ -22,8 +22,9 @@ def _check_input(x, what):
 
 
 def layer_norm_costs(width):
-    """What a layer norm costs the memory plan per token: it keeps its float32 input for the backward."""
-    return Costs(kept=4 * width)
+    """What a layer norm costs the memory plan per token: it keeps its float32 input for the backward; reads and
+    writes a row (elementwise)."""
+    return Costs(kept=4 * width, elementwise=8 * width)
 
 
 class LayerNorm(nn.Module):
@@ -112,8 +113,8 @@ class GELU(nn.Module):
     @staticmethod
     def costs_at(width):
         """What GELU over `width` features costs the memory plan per token: it keeps its float32 input, and its
-        backward makes the input's gradient."""
-        return Costs(kept=4 * width, backward=4 * width)
+        backward makes the input's gradient; reads and writes each value (elementwise)."""
+        return Costs(kept=4 * width, backward=4 * width, elementwise=8 * width)
 
     def extra_repr(self):
         return f"approximate={self.approximate!r}"

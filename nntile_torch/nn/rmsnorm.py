@@ -14,8 +14,9 @@ from .norm_act import _check_input
 
 
 def rmsnorm_costs(width):
-    """What an RMSNorm costs the memory plan per token: it keeps its float32 input (and one float of rstd)."""
-    return Costs(kept=4 * width + 4)
+    """What an RMSNorm costs the memory plan per token: it keeps its float32 input (and one float of rstd); reads and
+    writes a row (elementwise)."""
+    return Costs(kept=4 * width + 4, elementwise=8 * width)
 
 
 class RMSNorm(nn.Module):
