@@ -2,23 +2,12 @@
 // H200 (it computes into new tensors and copies them into the tile: three more kernels), all of it GPU idle when a
 // step's tasks run one after another; this kernel is one launch.
 #include "../common.h"
+#include "block_sum_cuda.cuh"
 #include "layer_norm.h"
 
 namespace nntile::kernels {
 
 namespace {
-
-// The sum of v over the block, returned to every thread; `red` holds 32 floats.
-__device__ float block_sum(float v, float *red) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
-    __syncthreads();  // red may still be read from the previous call
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < nwarps ? red[lane] : 0.f;
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 // Two passes for the variance (the mean first): as accurate as ATen's Welford, without its per-element division.
 __global__ void layer_norm_forward_kernel(int64_t c, float eps, const float *x, const float *weight,

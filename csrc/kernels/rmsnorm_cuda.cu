@@ -1,23 +1,12 @@
 // CUDA RMSNorm, forward and backward: one thread block per row for y and dx; the weight gradient as column sums in
 // two stages (per-chunk partials, then the chunks added in order, so every run gives the same numbers).
 #include "../common.h"
+#include "block_sum_cuda.cuh"
 #include "rmsnorm.h"
 
 namespace nntile::kernels {
 
 namespace {
-
-// The sum of v over the block, returned to every thread; `red` holds 32 floats.
-__device__ float rms_block_sum(float v, float *red) {
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
-    __syncthreads();  // red may still be read from the previous call
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < nwarps ? red[lane] : 0.f;
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 __global__ void rmsnorm_forward_kernel(int64_t c, float eps, const float *x, const float *weight, float *y,
                                        float *rstd) {
@@ -27,7 +16,7 @@ __global__ void rmsnorm_forward_kernel(int64_t c, float eps, const float *x, con
     float *yr = y + row * c;
     float q = 0.f;
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) q += xr[j] * xr[j];
-    const float rs = rsqrtf(rms_block_sum(q, red) / (float)c + eps);
+    const float rs = rsqrtf(block_sum(q, red) / (float)c + eps);
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
         const float v = xr[j] * rs;
         yr[j] = weight ? weight[j] * v : v;
@@ -47,7 +36,7 @@ __global__ void rmsnorm_backward_dx_kernel(int64_t c, const float *dy, const flo
         const float g = weight ? dyr[j] * weight[j] : dyr[j];
         sgx += g * xr[j];
     }
-    const float k = rs * rs * rs * rms_block_sum(sgx, red) / (float)c;
+    const float k = rs * rs * rs * block_sum(sgx, red) / (float)c;
     float *dxr = dx + row * c;
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) {
         const float g = weight ? dyr[j] * weight[j] : dyr[j];
