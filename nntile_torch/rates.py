@@ -1,7 +1,8 @@
 """The rates the memory plan predicts step times with (nntile_torch/plan.py): measured on this machine once and
-cached, or, where nothing was measured, constants fitted on one H200 (the plan's printout says which).
+cached, or constants fitted on one H200 (the plan's printout says which). A plan on a GPU model other than the H200
+with nothing cached measures it first (a few seconds, once).
 
-    python -m nntile_torch.rates          # measures on GPU 0 (about a minute) and caches; prints the rates
+    python -m nntile_torch.rates          # measures on GPU 0 again and caches; prints the rates
 
 The cache is $STARPU_HOME/.nntile_torch/rates.json when STARPU_HOME is set (beside StarPU's own calibration), else
 $XDG_CACHE_HOME/nntile_torch/rates.json (~/.cache by default), one entry per GPU model. NNTILE_PLAN_RATES=defaults
@@ -11,7 +12,9 @@ import dataclasses
 import datetime
 import json
 import os
+import sys
 import time
+import warnings
 
 H200_DEFAULTS = "H200 defaults"
 
@@ -102,13 +105,25 @@ def _device_name():
 
 
 def machine_rates():
-    """The plan's rates with a GPU tier: this GPU model's measured ones when cached, else the H200's defaults."""
-    if os.environ.get("NNTILE_PLAN_RATES", "").lower() != "defaults":
-        device = _device_name()
-        measured = load(device) if device else None
-        if measured is not None:
-            return measured
-    return Rates()
+    """The plan's rates with a GPU tier: this GPU model's measured ones when cached; on a GPU model other than the
+    H200 (whose defaults these are) with nothing cached, measured now (a few seconds, once: cached for the next
+    plans); NNTILE_PLAN_RATES=defaults: the H200's."""
+    if os.environ.get("NNTILE_PLAN_RATES", "").lower() == "defaults":
+        return Rates()
+    device = _device_name()
+    if device is None:
+        return Rates()
+    measured = load(device)
+    if measured is None and "H200" not in device:
+        print(f"nntile_torch: measuring {device}'s rates for the memory plan (once; cached in {cache_path()})",
+              file=sys.stderr)
+        try:
+            save(device, measure())
+        except (RuntimeError, OSError) as e:  # out of GPU memory, a read-only cache: the defaults, said so
+            warnings.warn(f"nntile_torch: could not measure {device}'s rates ({e}); the plan uses the H200's")
+            return Rates()
+        measured = load(device)
+    return measured or Rates()
 
 
 def _median_s(fn, repeats):

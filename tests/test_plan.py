@@ -515,8 +515,8 @@ def test_a_new_module_form_brings_its_own_description(monkeypatch):
 
 def test_plan_uses_rates_measured_on_this_gpu_when_cached(tmp_path, monkeypatch):
     """Rates measured on a GPU model are cached (under STARPU_HOME, else ~/.cache) and the plan uses them on that
-    GPU model, the H200's constants for what was not measured and on any GPU without a measurement; print(plan)
-    names them. NNTILE_PLAN_RATES=defaults (the tests' setting) ignores the cache."""
+    GPU model, the H200's constants for what was not measured; a GPU model without a cache entry is measured on the
+    first plan (the H200 keeps its defaults); print(plan) names them. NNTILE_PLAN_RATES=defaults (the tests' setting) ignores the cache."""
     from nntile_torch import rates
     monkeypatch.setenv("STARPU_HOME", str(tmp_path / "starpu"))
     assert rates.cache_path() == str(tmp_path / "starpu" / ".nntile_torch" / "rates.json")
@@ -542,11 +542,25 @@ def test_plan_uses_rates_measured_on_this_gpu_when_cached(tmp_path, monkeypatch)
     assert measured.rates == got and "rates: measured on Fake GPU 2026-12-04" in str(measured)
     assert measured.times["pcie_s"] == pytest.approx(2 * defaults.times["pcie_s"])  # half the copy rate
     assert measured.times["gpu_s"] > defaults.times["gpu_s"]  # half the bf16 GEMM rate
+    # A GPU model with nothing cached is measured once, on the first plan, and cached; the H200 keeps its defaults.
+    calls = []
+    monkeypatch.setattr(rates, "measure", lambda: calls.append(1) or {"gemm_flops": 500e12, "hbm_bytes_s": 2e12})
     monkeypatch.setattr(rates, "_device_name", lambda: "Unmeasured GPU")
-    assert nt.plan(model, **kw).rates == rates.Rates()
+    first = nt.plan(model, **kw)
+    assert calls == [1] and first.rates.gemm_flops == 500e12 and first.rates.pcie_bytes_s == rates.Rates().pcie_bytes_s
+    assert nt.plan(model, **kw).rates == first.rates and calls == [1]  # cached: not measured again
+    assert "rates: measured on Unmeasured GPU" in str(first)
+    monkeypatch.setattr(rates, "_device_name", lambda: "NVIDIA H200")
+    assert nt.plan(model, **kw).rates == rates.Rates() and calls == [1]
     (tmp_path / "cache" / "nntile_torch" / "rates.json").write_text("{not json")
     monkeypatch.setattr(rates, "_device_name", lambda: "Fake GPU")
-    assert nt.plan(model, **kw).rates == rates.Rates()  # a broken cache: the defaults, no error
+    assert nt.plan(model, **kw).rates.gemm_flops == 500e12 and calls == [1, 1]  # a broken cache: measured again
+    def fails():
+        raise RuntimeError("CUDA out of memory")
+    monkeypatch.setattr(rates, "measure", fails)
+    monkeypatch.setattr(rates, "_device_name", lambda: "Busy GPU")
+    with pytest.warns(UserWarning, match="could not measure Busy GPU's rates"):
+        assert nt.plan(model, **kw).rates == rates.Rates()
     small = nt.plan(gpt2(n_layer=2), batch=2, seq=8, host_memory="1GiB", gpu_memory=None)
     if not small.capacity.gpu_bytes:  # no GPU tier: the CPU's estimates, said so
         assert "rates: CPU estimates" in str(small)
