@@ -41,7 +41,7 @@ def machine_capacity(disk_limit=None):
         info = runtime.info()
         split = info.get("cuda_memory_split") or {}
         workers = info.get("workers") or {}
-        host = runtime._host_limit or runtime.default_host_memory_limit()
+        host = runtime.host_limit() or runtime.default_host_memory_limit()
         disk = (info.get("settings") or {}).get("disk_limit") or 0
         return Capacity(split.get("starpu_limit_bytes", 0) if workers.get("cuda") else 0, host, disk,
                         info.get("gpus", 0), max(1, workers.get("cpu", 1)))

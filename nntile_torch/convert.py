@@ -369,7 +369,7 @@ def _check_fits(model, swaps, tile_plan):
     which would otherwise fail midway, with a model half converted)."""
     from . import _C, runtime
     from .plan import InsufficientMemoryError, format_bytes
-    if runtime._host_limit is None:
+    if runtime.host_limit() is None:
         return  # host RAM without a limit: the operating system decides
     params = {id(p): p for _, _, m, _, _ in swaps for p in m.parameters(recurse=False)}
     params.update({id(p): p for _, m, _ in tile_plan for p in m.parameters(recurse=False)})
@@ -386,12 +386,12 @@ def _check_fits(model, swaps, tile_plan):
         f"convert(): the model's {sum(p.numel() for p in params.values()):,} parameters as float32 tiles take "
         f"{format_bytes(need)}" + (f" beside {format_bytes(live)} of tiles already live" if live else "")
         + f", more than every memory node holds together: {format_bytes(total)} (host limit "
-        f"{format_bytes(runtime._host_limit)}" + (f", disk node {format_bytes(disk)}" if disk else ", no disk node")
+        f"{format_bytes(runtime.host_limit())}" + (f", disk node {format_bytes(disk)}" if disk else ", no disk node")
         + "). Nothing was changed. What would make it fit: a host_memory_limit of at least "
-        f"{format_bytes(runtime._host_limit + short)} (nt.init), or a disk node (nt.init(disk_path=..., disk_limit=...)) "
+        f"{format_bytes(runtime.host_limit() + short)} (nt.init), or a disk node (nt.init(disk_path=..., disk_limit=...)) "
         f"of at least {format_bytes(disk + short)}; training needs more still (optimizer states, activations: "
         "nt.plan(model, batch, seq) says how much)", missing={"host": short},
-        fixes=[{"host_memory": runtime._host_limit + short}, {"disk_limit": disk + short}])
+        fixes=[{"host_memory": runtime.host_limit() + short}, {"disk_limit": disk + short}])
 
 
 def _home_device(init_device):

@@ -146,7 +146,7 @@ class MemoryPlan:
         from . import runtime
         # One worker per GPU beyond GPU memory (two measured 0.90x at 13B), unless the user's STARPU_NWORKER_PER_CUDA
         # asks otherwise (init reads it when not asked).
-        if self.beyond_gpu and self.capacity.gpus and runtime._USER_WORKERS_PER_CUDA is None:
+        if self.beyond_gpu and self.capacity.gpus and runtime.user_workers_per_cuda() is None:
             kw["streams_per_gpu"] = 1
         if self.beyond_gpu and self.capacity.gpus and self.cpu_update_blocks:
             kw["ncpus"] = self.capacity.cpu_workers
@@ -172,7 +172,7 @@ class MemoryPlan:
         info = runtime.info()
         split = info.get("cuda_memory_split") or {}
         running = {"cuda_memory_limit": split.get("starpu_limit_bytes") if info.get("gpus") else None,
-                   "host_memory_limit": runtime._host_limit,
+                   "host_memory_limit": runtime.host_limit(),
                    "disk_limit": (info.get("settings") or {}).get("disk_limit")}
         differ = {k: (running[k], runtime.parse_bytes(kw[k], k)) for k in running
                   if kw.get(k) is not None and (k != "cuda_memory_limit" or info.get("gpus"))

@@ -14,7 +14,7 @@ NotImplemented, and TileTensor's dense fallback runs torch's own code, correct b
 import torch
 
 from . import _C
-from .tensor import TileTensor, _add, _add_, fp32_tiles, new_tiles, register_tile_op, same_tiling, tiles_like
+from .tensor import TileTensor, add_tiles, add_tiles_, fp32_tiles, new_tiles, register_tile_op, same_tiling, tiles_like
 
 aten = torch.ops.aten
 
@@ -98,7 +98,7 @@ def _div(inplace):
 
 
 def _add_number(inplace):
-    tiled = _add_ if inplace else _add
+    tiled = add_tiles_ if inplace else add_tiles
 
     def handler(self, other, alpha=1):
         if _number(other) and _number(alpha) and isinstance(self, TileTensor):

@@ -339,6 +339,16 @@ def is_running():
     return _C.running()
 
 
+def host_limit():
+    """StarPU's host-RAM limit in bytes as the running runtime has it (given or default); None without one."""
+    return _host_limit
+
+
+def user_workers_per_cuda():
+    """The user's own STARPU_NWORKER_PER_CUDA as it was when nntile_torch was imported, None when unset."""
+    return _USER_WORKERS_PER_CUDA
+
+
 def info():
     """StarPU version, workers per kind (CUDA workers: streams_per_gpu per GPU), the GPUs they run on, memory nodes
     with their sizes, scheduler, and how GPU memory was split between StarPU and torch."""

@@ -282,7 +282,7 @@ class TileTensor(torch.Tensor):
             out = handler(*args, **kwargs)
             if out is not NotImplemented:
                 return out
-        return _dense_fallback(func, args, kwargs)
+        return dense_fallback(func, args, kwargs)
 
 
 def _like(src, tiles, device=None):
@@ -337,7 +337,7 @@ def _as_tiles_of(like, other):
     return None
 
 
-def _add_(self, other, alpha=1):
+def add_tiles_(self, other, alpha=1):
     # Gradient accumulation lands here (a dense gradient from torch code meeting a tiled one): stays tasks.
     o = _as_tiles_of(self, other) if plain(self) else None
     if o is None:
@@ -394,7 +394,7 @@ def _block_operand(big, small):
     return st
 
 
-def _add(self, other, alpha=1):
+def add_tiles(self, other, alpha=1):
     if alpha == 1:  # a tiled operand broadcast over the other's leading dims (GPT-2's position embedding)
         for big, small in ((self, other), (other, self)):
             st = _block_operand(big, small)
@@ -575,8 +575,8 @@ _HANDLERS = {
     aten._unsafe_view.default: _view,
     aten.detach.default: _detach,
     aten.alias.default: _detach,
-    aten.add_.Tensor: _add_,
-    aten.add.Tensor: _add,
+    aten.add_.Tensor: add_tiles_,
+    aten.add.Tensor: add_tiles,
     aten.mul.Scalar: _mul_scalar,
     aten.mul.Tensor: _mul,
     aten.copy_.default: _copy_,
@@ -585,7 +585,7 @@ _HANDLERS = {
 }
 
 
-def _dense_fallback(func, args, kwargs):
+def dense_fallback(func, args, kwargs):
     """Runs `func` on dense copies; TileTensors that `func` writes get the result written back. Inside a converted
     model's forward this is recorded (convert_report), warned about, or raised in strict mode (report.note_dense)."""
     from .report import note_dense

@@ -119,6 +119,34 @@ def test_no_private_attributes_on_the_users_objects_but_the_parameters_state(tmp
     assert [n for _, n in _nntile_attributes(bad)] == ["_nntile_report", "_nntile_streamer"]
 
 
+# The package's own modules (nntile_torch.runtime, ...) by the names modules import them as.
+_MODULE_NAMES = {p.stem for p in PACKAGE.rglob("*.py")} - {"__init__"}
+
+
+def _private_names_used_across_modules(path):
+    """(line, name) for each private name (`_x`) that `path` imports from another nntile_torch module or reads as
+    `module._x` off one: each module's private parts are its own (the compiled _C and the nn package's _init module
+    excepted)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level > 0:
+            found += [(node.lineno, a.name) for a in node.names
+                      if a.name.startswith("_") and a.name not in ("_C", "_init")]
+        elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in _MODULE_NAMES
+              and node.value.id != path.stem and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append((node.lineno, f"{node.value.id}.{node.attr}"))
+    return found
+
+
+def test_no_module_uses_another_modules_private_names(tmp_path):
+    bad = {str(p.relative_to(ROOT)): f for p in sorted(PACKAGE.rglob("*.py"))
+           if (f := _private_names_used_across_modules(p))}
+    assert bad == {}, bad
+    probe = tmp_path / "probe.py"
+    probe.write_text("from .tensor import _add, TileTensor\nfrom . import _C\nruntime._host_limit\nprobe._mine\n")
+    assert [w for _, w in _private_names_used_across_modules(probe)] == ["_add", "runtime._host_limit"]
+
+
 def test_pyproject_declares_what_pip_needs():
     """pip install . reads the name, version, Python and the in-tree backend from pyproject.toml; the backend
     exposes the PEP 517 and PEP 660 hooks (wheel and editable)."""

@@ -47,12 +47,12 @@ def dense_ops(monkeypatch):
     """The aten ops that ran as dense torch code on materialized tiles (a wait wherever the tiles are still being
     written; on idle CPU workers the wait counter alone would miss them)."""
     seen = []
-    fallback = nt.tensor._dense_fallback
+    fallback = nt.tensor.dense_fallback
 
     def recording(func, args, kwargs):
         seen.append(str(func))
         return fallback(func, args, kwargs)
-    monkeypatch.setattr(nt.tensor, "_dense_fallback", recording)
+    monkeypatch.setattr(nt.tensor, "dense_fallback", recording)
     return seen
 
 

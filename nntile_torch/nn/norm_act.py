@@ -12,7 +12,7 @@ from ..tensor import TileTensor, without_torch_function
 from . import _init
 
 
-def _check_input(x, what):
+def check_input(x, what):
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{what} expects a torch.Tensor (got {type(x).__name__})")
     if x.dtype != torch.float32:
@@ -70,7 +70,7 @@ class LayerNorm(nn.Module):
 
     @without_torch_function
     def forward(self, x):
-        _check_input(x, "LayerNorm")
+        check_input(x, "LayerNorm")
         if x.shape[-1] != self.normalized_shape[0]:
             raise ValueError(f"LayerNorm expects input of shape (*, {self.normalized_shape[0]}) "
                              f"(got {tuple(x.shape)})")
@@ -103,7 +103,7 @@ class GELU(nn.Module):
 
     @without_torch_function
     def forward(self, x):
-        _check_input(x, "GELU")
+        check_input(x, "GELU")
         ensure_init()
         return GeluFunction.apply(x, self.approximate, self.batch_tile_size, self.tile_size)
 
@@ -139,7 +139,7 @@ class Dropout(nn.Module):
     def forward(self, x):
         if not self.training or self.p == 0.0:
             return x
-        _check_input(x, "Dropout")
+        check_input(x, "Dropout")
         if self.p == 1.0:
             return x * 0.0
         ensure_init()

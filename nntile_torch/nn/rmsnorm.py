@@ -10,7 +10,7 @@ from ..functional_llama import RMSNormFunction
 from ..runtime import ensure_init
 from ..tensor import TileTensor, without_torch_function
 from . import _init
-from .norm_act import _check_input
+from .norm_act import check_input
 
 
 def rmsnorm_costs(width):
@@ -57,7 +57,7 @@ class RMSNorm(nn.Module):
 
     @without_torch_function
     def forward(self, x):
-        _check_input(x, "RMSNorm")
+        check_input(x, "RMSNorm")
         if x.shape[-1] != self.normalized_shape[0]:
             raise ValueError(f"RMSNorm expects input of shape (*, {self.normalized_shape[0]}) (got {tuple(x.shape)})")
         ensure_init()

@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_leaves
 
 from .. import _C
 from ..owners import STEP_VALUES, optimizer_record
-from ..tensor import TileTensor, _dense_fallback, fp32_tiles, register_tile_op, same_tiling, tiles_like
+from ..tensor import TileTensor, dense_fallback, fp32_tiles, register_tile_op, same_tiling, tiles_like
 
 aten = torch.ops.aten
 
@@ -76,7 +76,7 @@ def _fused_adam(decoupled):
             kwargs = dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=amsgrad,
                           maximize=maximize, grad_scale=grad_scale, found_inf=found_inf)
             if any(isinstance(x, TileTensor) for x in tree_leaves(args)):
-                _dense_fallback(func, args, kwargs)
+                dense_fallback(func, args, kwargs)
             else:
                 func(*args, **kwargs)
         return None
