@@ -2,6 +2,7 @@
 #include <starpu.h>
 #include <torch/extension.h>
 
+#include "kernels/adamw_q8.h"
 #include "kernels/attention.h"
 #include "ops/ops.h"
 #include "runtime.h"
@@ -306,4 +307,42 @@ PYBIND11_MODULE(_C, m) {
     m.def("adamw", &ops::adamw, nogil, py::arg("grad"), py::arg("param"), py::arg("exp_avg"), py::arg("exp_avg_sq"),
           py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("weight_decay"), py::arg("step"),
           py::arg("init_state"), py::arg("seed") = 0, py::arg("copy") = nullptr);
+    m.def("adamw_q8", &ops::adamw_q8, nogil, py::arg("grad"), py::arg("param"), py::arg("exp_avg"),
+          py::arg("exp_avg_sq"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
+          py::arg("weight_decay"), py::arg("step"), py::arg("init_state"), py::arg("copy") = nullptr);
+    // The 8-bit moments' layout (kernels/adamw_q8.h), for the optimizer and the tests.
+    m.def("q8_blocks", [](int64_t n) { return kernels::q8_blocks(n); }, py::arg("n"));
+    m.def("q8_words", [](int64_t n) { return kernels::q8_words(n); }, py::arg("n"));
+    m.def(
+        "quant_map8",
+        [](bool is_signed) {
+            auto out = torch::empty({256}, torch::kFloat32);
+            kernels::quant_map8(is_signed, out.data_ptr<float>());
+            return out;
+        },
+        py::arg("signed"));
+    m.def(
+        "q8_quantize",
+        [](const torch::Tensor &x, bool is_signed) {
+            NNTILE_CHECK(x.device().is_cpu() && x.scalar_type() == torch::kFloat32,
+                         "q8_quantize takes a float32 CPU tensor");
+            auto xc = x.contiguous().reshape({-1});
+            auto words = torch::empty({kernels::q8_words(xc.numel())}, torch::kFloat32);
+            kernels::q8_quantize_cpu(xc.numel(), is_signed, xc.data_ptr<float>(), words.data_ptr<float>());
+            return words;
+        },
+        py::arg("x"), py::arg("signed"));
+    m.def(
+        "q8_dequantize",
+        [](const torch::Tensor &words, int64_t n, bool is_signed) {
+            NNTILE_CHECK(words.device().is_cpu() && words.scalar_type() == torch::kFloat32 && words.is_contiguous() &&
+                             words.numel() >= kernels::q8_words(n),
+                         "q8_dequantize takes q8_words(n) = " << kernels::q8_words(n)
+                                                              << " contiguous float32 CPU words (got "
+                                                              << words.numel() << ")");
+            auto x = torch::empty({n}, torch::kFloat32);
+            kernels::q8_dequantize_cpu(n, is_signed, words.data_ptr<float>(), x.data_ptr<float>());
+            return x;
+        },
+        py::arg("words"), py::arg("n"), py::arg("signed"));
 }

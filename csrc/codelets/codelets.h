@@ -106,5 +106,10 @@ void submit_cross_entropy_backward(int64_t m, int64_t vj, int64_t lo, bool mean,
 void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, bool bf16_state, uint64_t seed,
                   starpu_data_handle_t grad, starpu_data_handle_t param, starpu_data_handle_t exp_avg,
                   starpu_data_handle_t exp_avg_sq, starpu_data_handle_t copy = nullptr, bool bf16_param = false);
+// The same step with 8-bit block-wise moments (kernels/adamw_q8.h): exp_avg, exp_avg_sq are float32 word tiles holding at
+// least q8_words(n) words each; init_state zeroes them first (all-zero words: zero moments). fp32 parameter only.
+void submit_adamw_q8(int64_t n, const kernels::AdamWScalars &s, bool init_state, starpu_data_handle_t grad,
+                     starpu_data_handle_t param, starpu_data_handle_t exp_avg, starpu_data_handle_t exp_avg_sq,
+                     starpu_data_handle_t copy = nullptr);
 
 }  // namespace nntile::codelets

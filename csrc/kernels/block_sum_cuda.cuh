@@ -1,4 +1,5 @@
-// A thread block's sum, for the CUDA kernels that reduce one row per block (LayerNorm, RMSNorm).
+// A thread block's sum (or max), for the CUDA kernels that reduce one row or block per thread block (LayerNorm,
+// RMSNorm, the 8-bit AdamW's per-block absmax).
 #pragma once
 
 namespace nntile::kernels {
@@ -13,6 +14,18 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
     __syncthreads();
     v = lane < nwarps ? red[lane] : 0.f;
     for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// The same pattern for the maximum of v >= 0 over the block (exact: a maximum does not depend on the order).
+__device__ __forceinline__ float block_max_nonneg(float v, float *red) {
+    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nwarps = blockDim.x / 32;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < nwarps ? red[lane] : 0.f;
+    for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 

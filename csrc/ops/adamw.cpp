@@ -7,6 +7,19 @@
 
 namespace nntile::ops {
 
+kernels::AdamWScalars adamw_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                    int64_t step) {
+    kernels::AdamWScalars s;
+    s.decay = (float)(1.0 - lr * weight_decay);
+    s.one_minus_b1 = (float)(1.0 - beta1);
+    s.beta2 = (float)beta2;
+    s.one_minus_b2 = (float)(1.0 - beta2);
+    s.step_size = (float)(lr / (1.0 - std::pow(beta1, (double)step)));
+    s.bc2_sqrt = (float)std::sqrt(1.0 - std::pow(beta2, (double)step));
+    s.eps = (float)eps;
+    return s;
+}
+
 void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor &exp_avg_sq, double lr, double beta1,
            double beta2, double eps, double weight_decay, int64_t step, bool init_state, int64_t seed, TileTensor *copy) {
     NNTILE_CHECK(param.dtype() == DType::f32 || param.dtype() == DType::bf16,
@@ -28,14 +41,7 @@ void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor 
     NNTILE_CHECK(step >= 1, "AdamW step must be >= 1 (got " << step << ")");
     NNTILE_CHECK(!copy || (copy->dtype() == DType::bf16 && tiled_like_param(*copy)),
                  "AdamW's copy must be bfloat16 tiles tiled like the parameter");
-    kernels::AdamWScalars s;
-    s.decay = (float)(1.0 - lr * weight_decay);
-    s.one_minus_b1 = (float)(1.0 - beta1);
-    s.beta2 = (float)beta2;
-    s.one_minus_b2 = (float)(1.0 - beta2);
-    s.step_size = (float)(lr / (1.0 - std::pow(beta1, (double)step)));
-    s.bc2_sqrt = (float)std::sqrt(1.0 - std::pow(beta2, (double)step));
-    s.eps = (float)eps;
+    const kernels::AdamWScalars s = adamw_scalars(lr, beta1, beta2, eps, weight_decay, step);
     for (int64_t t = 0; t < param.ntiles(); ++t) {
         OnWorker on(placement_worker(row_of(param, t)));
         const int64_t n = param.tile_numel(t);

@@ -1,5 +1,6 @@
 // Tensor-level ops: loops over tiles that submit one task per tile (pair, triple). Nothing here waits.
 #pragma once
+#include "../kernels/adamw.h"
 #include "../runtime.h"
 #include "../tiles/tile_tensor.h"
 
@@ -93,5 +94,14 @@ void convert(TileTensor &src, TileTensor &dst);
 void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor &exp_avg_sq, double lr, double beta1,
            double beta2, double eps, double weight_decay, int64_t step, bool init_state, int64_t seed,
            TileTensor *copy = nullptr);
+// The scalars of one AdamW step as torch.optim.AdamW computes them (in double) for its float kernels.
+kernels::AdamWScalars adamw_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
+                                    int64_t step);
+// One AdamW step of a float32 parameter with 8-bit block-wise moments (kernels/adamw_q8.h): exp_avg, exp_avg_sq are
+// float32 word tensors of shape [ntiles * W] in tiles of [W], W >= q8_words(the largest parameter tile's elements),
+// tile t holding parameter tile t's moment. init_state: never written yet (zero moments). copy as adamw's.
+void adamw_q8(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor &exp_avg_sq, double lr,
+              double beta1, double beta2, double eps, double weight_decay, int64_t step, bool init_state,
+              TileTensor *copy = nullptr);
 
 }  // namespace nntile::ops

@@ -10,7 +10,32 @@ from ..runtime import info
 from ..tensor import TileTensor, dtype_of, fp32_tiles, new_tiles, tiles_like, without_torch_function
 
 
-_STATE_DTYPES = (torch.float32, torch.bfloat16)
+_STATE_DTYPES = (torch.float32, torch.bfloat16, torch.uint8)
+
+
+def state_bytes_per_param(state_dtype=torch.float32):
+    """Bytes AdamW's two moments take per parameter element with AdamW(state_dtype=...): 8 (float32), 4 (bfloat16),
+    or 2 + 8/256 (torch.uint8: 8-bit block-wise moments, one code byte each plus one float32 scale per 256 elements
+    each; a tile's last partial block and code word round this up by at most 8 + 6 bytes per tile)."""
+    if state_dtype == torch.float32:
+        return 8.0
+    if state_dtype == torch.bfloat16:
+        return 4.0
+    if state_dtype == torch.uint8:
+        return 2.0 + 8.0 / 256
+    raise ValueError(f"state_dtype must be torch.float32, torch.bfloat16 or torch.uint8 (got {state_dtype!r})")
+
+
+def q8_layout(param):
+    """(ntiles, words per tile) of the 8-bit moments of a tile parameter: each moment is a float32 word tensor of
+    ntiles * words elements in tiles of `words`, tile t holding the scales and codes of parameter tile t
+    (csrc/kernels/adamw_q8.h); words fits the largest tile, the first."""
+    shape, tile = list(param.tiles.shape), list(param.tiles.tile_shape)
+    ntiles, largest = 1, 1
+    for n, t in zip(shape, tile):
+        ntiles *= -(-n // t)
+        largest *= min(n, t)
+    return ntiles, _C.q8_words(largest)
 
 
 def _same(given, chosen):
@@ -94,6 +119,14 @@ class AdamW(torch.optim.Optimizer):
     drop exp_avg_sq's updates (beta2 = 0.999 moves it by 0.1%, bf16's spacing is 0.4%). Not bitwise torch's
     AdamW any more: tests/test_adamw.py bounds how far the trajectory drifts. Plain tensor parameters keep fp32.
 
+    state_dtype=torch.uint8: 8-bit block-wise moments, bitsandbytes' 8-bit AdamW scheme (2 + 8/256 bytes per parameter
+    for both: state_bytes_per_param): per block of 256 elements of a tile, a float32 scale (the absmax) and one code
+    byte per element indexing bitsandbytes' dynamic map (signed for exp_avg, unsigned for exp_avg_sq). Each step
+    dequantizes, runs the fp32 update above, and quantizes again to the nearest map entry. Float32 master weights
+    only (not bf16 master weights); plain tensor parameters keep fp32. state_dict() holds each tile parameter's
+    moments as their packed bytes (a uint8 tensor: scales, then codes, tile after tile; see q8_layout), which only
+    this optimizer with state_dtype=torch.uint8 loads.
+
     offload (a fraction of the tile parameters' elements, taken from the last parameter backwards, or the parameters
     themselves): those parameters are updated by CPU workers, so their fp32 master weights and states live in host
     RAM, and their bf16 copies are made there too; GPUs only receive the bf16 copy and send back the gradient
@@ -144,7 +177,7 @@ class AdamW(torch.optim.Optimizer):
         if amsgrad:
             raise ValueError("amsgrad=True is not supported by nntile_torch.optim.AdamW")
         if state_dtype not in _STATE_DTYPES:
-            raise ValueError(f"state_dtype must be torch.float32 or torch.bfloat16 (got {state_dtype!r})")
+            raise ValueError(f"state_dtype must be torch.float32, torch.bfloat16 or torch.uint8 (got {state_dtype!r})")
         # torch.optim.AdamW's group keys too, so that it reads our state_dict as AdamW (not Adam with L2).
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=False,
                         maximize=maximize, foreach=None, capturable=False, differentiable=False, fused=None,
@@ -156,6 +189,9 @@ class AdamW(torch.optim.Optimizer):
         self._tiled_states = {}  # parameter -> (exp_avg, exp_avg_sq) as last checked: no re-check while they stay
         self._evict_first = _evict_updated_first()
         super().__init__(params, defaults)
+        if state_dtype == torch.uint8 and not all(fp32_tiles(p) for p in self._tiled_params()):
+            raise ValueError("8-bit moments (state_dtype=torch.uint8) need float32 master weights (some parameters "
+                             "are kept as bf16 master weights: nt.plan's master_dtype=torch.bfloat16)")
         if state_dtype != torch.bfloat16 and not all(fp32_tiles(p) for p in self._tiled_params()):
             raise ValueError("parameters kept as bf16 master weights (nt.plan's master_dtype=torch.bfloat16) need "
                              "state_dtype=torch.bfloat16")
@@ -275,6 +311,8 @@ class AdamW(torch.optim.Optimizer):
             neg = tiles_like(grad)
             _C.add(-1.0, grad, 0.0, neg)
             grad = neg
+        if dtype == torch.uint8:
+            return self._tile_step_q8(p, state, fresh, grad, lr, beta1, beta2, eps, wd, step)
         if fresh:
             shape, tile = list(p.tiles.shape), list(p.tiles.tile_shape)
             for name in ("exp_avg", "exp_avg_sq"):
@@ -283,12 +321,42 @@ class AdamW(torch.optim.Optimizer):
         else:
             known = self._tiled_states.get(p)
             if known is None or known[0] is not state["exp_avg"] or known[1] is not state["exp_avg_sq"]:
+                if state["exp_avg"].dtype == torch.uint8:
+                    raise ValueError("AdamW state_dtype=%s cannot load 8-bit moments (saved with "
+                                     "state_dtype=torch.uint8)" % str(dtype))
                 # states loaded from a state_dict arrive dense (and in the type they were saved in)
                 state["exp_avg"] = _tiles_like(p, state["exp_avg"], dtype, "exp_avg", True)
                 state["exp_avg_sq"] = _tiles_like(p, state["exp_avg_sq"], dtype, "exp_avg_sq", True)
         m, v = state["exp_avg"], state["exp_avg_sq"]
         self._tiled_states[p] = (m, v)
         adamw_update(p, grad, m, v, lr, beta1, beta2, eps, wd, step, fresh, self._seeds[p])
+
+    def _tile_step_q8(self, p, state, fresh, grad, lr, beta1, beta2, eps, wd, step):
+        ntiles, words = q8_layout(p)
+        if fresh:
+            for name in ("exp_avg", "exp_avg_sq"):
+                state[name] = TileTensor(new_tiles([ntiles * words], [words], torch.float32, name, True),
+                                         torch.Size([ntiles * words]), p.device)
+        else:
+            known = self._tiled_states.get(p)
+            if known is None or known[0] is not state["exp_avg"] or known[1] is not state["exp_avg_sq"]:
+                for name in ("exp_avg", "exp_avg_sq"):  # loaded from a state_dict: the packed bytes
+                    value = state[name]
+                    if isinstance(value, TileTensor) or value.dtype != torch.uint8 \
+                            or value.numel() != ntiles * words * 4:
+                        raise ValueError(f"AdamW(state_dtype=torch.uint8) loads 8-bit moments as the uint8 bytes its "
+                                         f"state_dict() saves ({ntiles * words * 4} for this parameter; got "
+                                         f"{value.dtype} of {value.numel()} elements)")
+                    dense = value.detach().to("cpu").contiguous().view(torch.float32)
+                    state[name] = TileTensor(tiles_of([ntiles * words], [words], dense, torch.float32, name, True),
+                                             torch.Size([ntiles * words]), p.device)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        self._tiled_states[p] = (m, v)
+        pstate = param_state(p)
+        with pstate.update_context():
+            copy = pstate.bf16_copy_for_update()
+            _C.adamw_q8(grad, p.tiles, m.tiles, v.tiles, lr, beta1, beta2, eps, wd, step, fresh, copy=copy)
+            pstate.record_update(m.tiles, v.tiles, copy)
 
     @staticmethod
     def _dense_step(p, state, fresh, maximize, lr, beta1, beta2, eps, wd, step):
@@ -307,10 +375,23 @@ class AdamW(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         self._tiled_states.clear()  # the states it held go with the old state (their tiles are freed now)
+        # 8-bit moments (uint8 bytes) as saved: torch's load_state_dict casts state to its parameter's dtype
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = dict(zip(saved_ids, (p for g in self.param_groups for p in g["params"])))
+        raw = {(k, n): v for k, s in state_dict["state"].items() for n, v in s.items()
+               if isinstance(v, torch.Tensor) and v.dtype == torch.uint8}
         super().load_state_dict(state_dict)
+        for (k, n), v in raw.items():
+            if k in params:
+                self.state[params[k]][n] = v.clone()
 
     def state_dict(self):
         sd = super().state_dict()
-        sd["state"] = {k: {n: (v.materialize().clone() if isinstance(v, TileTensor) else v) for n, v in s.items()}
-                       for k, s in sd["state"].items()}
+        q8 = self.state_dtype == torch.uint8  # tile parameters' moments are packed words: saved as their bytes
+
+        def dense(v):
+            if not isinstance(v, TileTensor):
+                return v
+            return v.materialize().clone().view(torch.uint8) if q8 else v.materialize().clone()
+        sd["state"] = {k: {n: dense(v) for n, v in s.items()} for k, s in sd["state"].items()}
         return sd
