@@ -281,12 +281,20 @@ PYBIND11_MODULE(_C, m) {
     m.def("silu_mul_forward", &ops::silu_mul_forward, nogil, py::arg("g"), py::arg("u"), py::arg("y"));
     m.def("silu_mul_backward", &ops::silu_mul_backward, nogil, py::arg("dy"), py::arg("g"), py::arg("u"),
           py::arg("dg"), py::arg("du"));
+    m.def("rope", &ops::rope, nogil, py::arg("x"), py::arg("cos"), py::arg("sin"), py::arg("y"), py::arg("head_dim"),
+          py::arg("backward") = false);
     m.def("attention_forward", &ops::attention_forward, nogil, py::arg("qkv"), py::arg("y"), py::arg("seq"),
           py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr,
           py::arg("dropout_p") = 0.0f, py::arg("seed") = 0);
     m.def("attention_backward", &ops::attention_backward, nogil, py::arg("dy"), py::arg("qkv"), py::arg("dqkv"),
           py::arg("seq"), py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr,
           py::arg("dropout_p") = 0.0f, py::arg("seed") = 0);
+    m.def("gqa_attention_forward", &ops::gqa_attention_forward, nogil, py::arg("q"), py::arg("k"), py::arg("v"),
+          py::arg("y"), py::arg("seq"), py::arg("nheads"), py::arg("kv_heads"), py::arg("scale"),
+          py::arg("bf16") = false, py::arg("mask") = nullptr);
+    m.def("gqa_attention_backward", &ops::gqa_attention_backward, nogil, py::arg("dy"), py::arg("q"), py::arg("k"),
+          py::arg("v"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("seq"), py::arg("nheads"),
+          py::arg("kv_heads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr);
     m.def("index_check", &ops::index_check, nogil, py::arg("ids"), py::arg("lo"), py::arg("hi"), py::arg("ignore"),
           py::arg("what"));
     m.def("embedding_forward", &ops::embedding_forward, nogil, py::arg("ids"), py::arg("table"), py::arg("out"));

@@ -17,8 +17,10 @@ Recognized by what modules compute, not by a list of classes:
 - attention: F.scaled_dot_product_attention on q, k, v split from one tiled matrix (nanoGPT's, Hugging Face's
   sdpa) runs as tile tasks wherever it is called; Hugging Face's GPT2Attention keeps its module and runs
   attention as tile tasks for every attn_implementation, padding masks included (nntile_torch/nn/gpt2.py);
-- gated MLPs (Llama's, Mistral's, Qwen2's: down(silu(gate(x)) * up(x)), found by structure and a probe) keep their
-  module; silu(gate) * up runs as one tile task per tile (nntile_torch/nn/llama.py);
+- the Llama family's attention (Llama's, Mistral's, Qwen2's: q, k, v projections, rotary position embeddings from
+  the model's rotary module, grouped-query causal or masked attention, o projection; found by structure and a probe)
+  keeps its module and runs as tile tasks; so do gated MLPs (down(silu(gate(x)) * up(x)), found the same way):
+  silu(gate) * up is one tile task per tile (nntile_torch/nn/llama.py);
 - functions called inline on tiles: F.gelu, F.layer_norm, F.dropout, F.embedding, F.cross_entropy (functional.py).
 Everything else runs as torch code on materialized TileTensors: correct, with host waits. convert_report(model)
 lists it; strict=True raises instead (report.py).
@@ -35,7 +37,7 @@ from .nn import GELU, Conv1D, Dropout, Embedding, LayerNorm, Linear, RMSNorm
 from .nn.embedding import check_indices_now
 from .nn._init import no_init
 from .nn.gpt2 import is_gpt2_attention, patch_gpt2_attention
-from .nn.llama import is_gated_silu_mlp, patch_gated_mlp
+from .nn.llama import is_gated_silu_mlp, is_llama_attention, patch_gated_mlp, patch_llama_attention
 from .owners import module_record
 from .param import param_state
 from .recognize import gelu_like, layer_norm_like, rmsnorm_like
@@ -224,6 +226,7 @@ def convert(model, precision=None, tile_size=None, batch_tile_size=None, init=No
             else:
                 dense.append((full, child, kind[1]))
     gated_mlps = [(name, m) for name, m in model.named_modules() if is_gated_silu_mlp(m)]  # probed while dense
+    llama_attention = [(name, m) for name, m in model.named_modules() if is_llama_attention(m)]
     covered = {id(p) for _, _, c, _, _ in swaps for p in c.parameters(recurse=False)}
     covered |= {id(p) for _, c, _ in tile_plan for p in c.parameters(recurse=False)}
     # Modules left dense whose parameters are all tied to converted ones share the tiles: nothing stays dense.
@@ -301,6 +304,9 @@ def convert(model, precision=None, tile_size=None, batch_tile_size=None, init=No
             patch_gpt2_attention(m)
             report.patched.append((name, type(m).__name__, "attention as tile tasks (causal or masked) for every "
                                                            "attn_implementation"))
+    for name, m in llama_attention:
+        patch_llama_attention(m)
+        report.patched.append((name, type(m).__name__, "rotary embeddings and grouped-query attention as tile tasks"))
     for name, m in gated_mlps:
         patch_gated_mlp(m)
         report.patched.append((name, type(m).__name__, "silu(gate) * up as tile tasks"))

@@ -1,9 +1,10 @@
-"""Autograd Functions of the Llama family's forms (RMSNorm, the gated MLP's silu(g) * u), submitting tile tasks without waits."""
+"""Autograd Functions of the Llama family's forms (RMSNorm, the gated MLP's silu(g) * u, rotary position embeddings,
+grouped-query attention), submitting tile tasks without waits."""
 import torch
 
 from . import _C
 from .functional import as_matrix_tiles, frees_saved, keep, kept, tiles_of
-from .tensor import TileTensor, new_tiles, plain, without_torch_function
+from .tensor import TileTensor, new_tiles, plain, tiles_like, without_torch_function
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -71,3 +72,85 @@ class SiluMulFunction(torch.autograd.Function):
         du = new_tiles(gt.shape, gt.tile_shape, name="silu_mul.du")
         _C.silu_mul_backward(tiles_of(gt.shape, gt.tile_shape, dy), gt, ut, dg, du)
         return TileTensor(dg, ctx.shape, ctx.device), TileTensor(du, ctx.shape, ctx.device), None, None
+
+
+_rope_cache = {}  # "cos" / "sin" -> (the tensor, its version, (rows, row tile), C++ tiles): shared by the layers
+
+
+def rope_tiles(angles, role, b, seq, row_tile):
+    """C++ tiles (b * seq, head_dim) of Hugging Face's cos or sin (as its rotary module hands them to every layer:
+    (1 or b, seq, head_dim), float32), tiled by `row_tile` rows: row s * seq + i holds position i's of sequence s.
+    The model's rotary module computes them once per forward and every layer gets the same tensors, so they are
+    copied into tiles once per forward (fresh tiles: no wait). None when they do not broadcast that way."""
+    if isinstance(angles, TileTensor) or angles.requires_grad or angles.dtype != torch.float32 \
+            or angles.dim() not in (2, 3) or angles.shape[-2] != seq:
+        return None
+    a = angles if angles.dim() == 3 else angles.unsqueeze(0)
+    if a.shape[0] not in (1, b):
+        return None
+    key = (b * seq, row_tile)
+    cached = _rope_cache.get(role)
+    if cached is not None and cached[0] is angles and cached[1] == angles._version and cached[2] == key:
+        return cached[3]
+    hd = a.shape[-1]
+    tiles = new_tiles([b * seq, hd], [row_tile, hd], name=f"rope.{role}")
+    tiles.from_dense(a.expand(b, seq, hd).reshape(b * seq, hd))
+    _rope_cache[role] = (angles, angles._version, key, tiles)
+    return tiles
+
+
+class RopeFunction(torch.autograd.Function):
+    """Rotary position embeddings as Hugging Face's apply_rotary_pos_emb: y = x * cos + rotate_half(x) * sin per
+    head of head_dim values. x (B, T, heads x head_dim), a TileTensor in tiles of whole heads (a q or k projection's
+    output); cos and sin C++ tiles (B * T, head_dim) tiled by x's rows (rope_tiles). y is tiled like x. The backward
+    is the transpose (rope with -sin): nothing is kept but the angles' tiles."""
+
+    @staticmethod
+    @without_torch_function
+    def forward(ctx, x, cos, sin, head_dim):
+        xt = x.tiles
+        y = tiles_like(xt, name="rope.y")
+        _C.rope(xt, cos, sin, y, head_dim, False)
+        ctx.angles, ctx.head_dim = (cos, sin), head_dim
+        ctx.tiling, ctx.shape, ctx.device = (list(xt.shape), list(xt.tile_shape)), x.shape, x.device
+        return TileTensor(y, x.shape, x.device)
+
+    @staticmethod
+    @without_torch_function
+    @frees_saved
+    def backward(ctx, dy):
+        shape, tile_shape = ctx.tiling
+        dx = new_tiles(shape, tile_shape, name="rope.dx")
+        _C.rope(tiles_of(shape, tile_shape, dy), *ctx.angles, dx, ctx.head_dim, True)
+        return TileTensor(dx, ctx.shape, ctx.device), None, None, None
+
+
+class GQAttentionFunction(torch.autograd.Function):
+    """Causal grouped-query self-attention (or with `mask`, C++ tiles (B * T, T) of an additive float mask tiled by
+    q's rows: attention_mask_tiles): q (B, T, nheads x hd), k and v (B, T, kv_heads x hd), TileTensors in tiles of
+    whole rows with one row tiling holding whole sequences -> y (B, T, nheads x hd), heads side by side, tiled like
+    q. Query head h reads k/v head h / (nheads / kv_heads) (Hugging Face's repeat_kv, inside the task: no repeated
+    k or v in tiles); the backward recomputes the forward and sums each k/v head's gradient over its group. bf16:
+    the kernel computes in bfloat16 (tiles stay float32). Keeps q, k, v."""
+
+    @staticmethod
+    @without_torch_function
+    def forward(ctx, q, k, v, nheads, kv_heads, scale, bf16=False, mask=None):
+        qt, kt, vt = q.tiles, k.tiles, v.tiles
+        seq = q.shape[1]
+        y = tiles_like(qt, name="gqa_attention.y")
+        _C.gqa_attention_forward(qt, kt, vt, y, seq, nheads, kv_heads, scale, bf16, mask)
+        keep(ctx, q.device, qt, kt, vt)
+        ctx.args = (seq, nheads, kv_heads, scale, bf16, mask)
+        ctx.shapes, ctx.device = (q.shape, k.shape, v.shape), q.device
+        return TileTensor(y, q.shape, q.device)
+
+    @staticmethod
+    @without_torch_function
+    @frees_saved
+    def backward(ctx, dy):
+        qt, kt, vt = kept(ctx)
+        dq, dk, dv = (tiles_like(t, name=f"gqa_attention.d{n}") for t, n in ((qt, "q"), (kt, "k"), (vt, "v")))
+        _C.gqa_attention_backward(tiles_of(qt.shape, qt.tile_shape, dy), qt, kt, vt, dq, dk, dv, *ctx.args)
+        return (*(TileTensor(g, shape, ctx.device) for g, shape in zip((dq, dk, dv), ctx.shapes)),
+                None, None, None, None, None)

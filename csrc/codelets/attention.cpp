@@ -51,8 +51,89 @@ starpu_codelet *cl_bwd() {
     return cl;
 }
 
+struct GqaArgs {
+    int64_t nseq, seq, nheads, kv_heads, hd;
+    float scale;
+    bool bf16;
+    bool masked;  // a mask tile follows v in the buffers
+};
+
+uint32_t gqa_footprint(starpu_task *task) {
+    const auto &a = args_of<GqaArgs>(task);
+    return hash_ints({a.nseq, a.seq, a.nheads, a.kv_heads, a.hd, a.bf16 ? 1 : 0, a.masked ? 1 : 0});
+}
+
+#define NNTILE_PTR(i) ((float *)STARPU_VECTOR_GET_PTR(buffers[i]))
+
+template <bool Cuda>
+void gqa_fwd_func(void *buffers[], void *cl_arg) {  // buffers: q, k, v, [mask], y
+    auto *a = static_cast<GqaArgs *>(cl_arg);
+    const int m = a->masked ? 1 : 0;
+    kernels::gqa_attention_forward(where<Cuda>(), a->nseq, a->seq, a->nheads, a->kv_heads, a->hd, a->scale, a->bf16,
+                                   NNTILE_PTR(0), NNTILE_PTR(1), NNTILE_PTR(2), m ? NNTILE_PTR(3) : nullptr,
+                                   NNTILE_PTR(3 + m));
+}
+
+template <bool Cuda>
+void gqa_bwd_func(void *buffers[], void *cl_arg) {  // buffers: dy, q, k, v, [mask], dq, dk, dv
+    auto *a = static_cast<GqaArgs *>(cl_arg);
+    const int m = a->masked ? 1 : 0;
+    kernels::gqa_attention_backward(where<Cuda>(), a->nseq, a->seq, a->nheads, a->kv_heads, a->hd, a->scale, a->bf16,
+                                    NNTILE_PTR(0), NNTILE_PTR(1), NNTILE_PTR(2), NNTILE_PTR(3),
+                                    m ? NNTILE_PTR(4) : nullptr, NNTILE_PTR(4 + m), NNTILE_PTR(5 + m),
+                                    NNTILE_PTR(6 + m));
+}
+#undef NNTILE_PTR
+
+starpu_codelet *cl_gqa_fwd() {
+    static starpu_codelet *cl = new_codelet<gqa_fwd_func<false>, NNTILE_CUDA_IMPL(gqa_fwd_func<true>)>(
+        "gqa_attention_forward", "nntile_gqa_attention_forward", gqa_footprint);
+    return cl;
+}
+
+starpu_codelet *cl_gqa_bwd() {
+    static starpu_codelet *cl = new_codelet<gqa_bwd_func<false>, NNTILE_CUDA_IMPL(gqa_bwd_func<true>)>(
+        "gqa_attention_backward", "nntile_gqa_attention_backward", gqa_footprint);
+    return cl;
+}
 
 }  // namespace
+
+void submit_gqa_attention_forward(int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
+                                  float scale, bool bf16, starpu_data_handle_t q, starpu_data_handle_t k,
+                                  starpu_data_handle_t v, starpu_data_handle_t mask, starpu_data_handle_t y) {
+    const bool masked = mask != nullptr;
+    double flops = 4.0 * nseq * seq * seq * nheads * hd / (masked ? 1 : 2);  // causal: half of QK^T and PV
+    auto *args = cl_args(GqaArgs{nseq, seq, nheads, kv_heads, hd, scale, bf16, masked});
+    int ret = masked ? NNTILE_TASK_INSERT(cl_gqa_fwd(), STARPU_R, q, STARPU_R, k, STARPU_R, v, STARPU_R, mask,
+                                          STARPU_W, y, STARPU_CL_ARGS, args, sizeof(GqaArgs), STARPU_FLOPS, flops,
+                                          STARPU_NAME, "gqa_attention_forward_masked", 0)
+                     : NNTILE_TASK_INSERT(cl_gqa_fwd(), STARPU_R, q, STARPU_R, k, STARPU_R, v, STARPU_W, y,
+                                          STARPU_CL_ARGS, args, sizeof(GqaArgs), STARPU_FLOPS, flops, STARPU_NAME,
+                                          "gqa_attention_forward", 0);
+    NNTILE_STARPU_CHECK(ret, "submitting gqa_attention_forward seq=" << seq << " heads=" << nheads << "/" << kv_heads
+                                                                     << " masked=" << masked);
+    count_task();
+}
+
+void submit_gqa_attention_backward(int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
+                                   float scale, bool bf16, starpu_data_handle_t dy, starpu_data_handle_t q,
+                                   starpu_data_handle_t k, starpu_data_handle_t v, starpu_data_handle_t mask,
+                                   starpu_data_handle_t dq, starpu_data_handle_t dk, starpu_data_handle_t dv) {
+    const bool masked = mask != nullptr;
+    double flops = 3.5 * 4.0 * nseq * seq * seq * nheads * hd / (masked ? 1 : 2);  // recomputed forward + backward
+    auto *args = cl_args(GqaArgs{nseq, seq, nheads, kv_heads, hd, scale, bf16, masked});
+    int ret = masked ? NNTILE_TASK_INSERT(cl_gqa_bwd(), STARPU_R, dy, STARPU_R, q, STARPU_R, k, STARPU_R, v, STARPU_R,
+                                          mask, STARPU_W, dq, STARPU_W, dk, STARPU_W, dv, STARPU_CL_ARGS, args,
+                                          sizeof(GqaArgs), STARPU_FLOPS, flops, STARPU_NAME,
+                                          "gqa_attention_backward_masked", 0)
+                     : NNTILE_TASK_INSERT(cl_gqa_bwd(), STARPU_R, dy, STARPU_R, q, STARPU_R, k, STARPU_R, v, STARPU_W,
+                                          dq, STARPU_W, dk, STARPU_W, dv, STARPU_CL_ARGS, args, sizeof(GqaArgs),
+                                          STARPU_FLOPS, flops, STARPU_NAME, "gqa_attention_backward", 0);
+    NNTILE_STARPU_CHECK(ret, "submitting gqa_attention_backward seq=" << seq << " heads=" << nheads << "/"
+                                                                      << kv_heads << " masked=" << masked);
+    count_task();
+}
 
 void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                               starpu_data_handle_t qkv, starpu_data_handle_t mask, starpu_data_handle_t y,

@@ -60,6 +60,10 @@ void submit_rmsnorm_backward(int64_t m, int64_t c, starpu_data_handle_t dy, star
 void submit_silu_mul_forward(int64_t n, starpu_data_handle_t g, starpu_data_handle_t u, starpu_data_handle_t y);
 void submit_silu_mul_backward(int64_t n, starpu_data_handle_t dy, starpu_data_handle_t g, starpu_data_handle_t u,
                               starpu_data_handle_t dg, starpu_data_handle_t du);
+// Rotary position embeddings over a tile x (rows, width) of whole heads of hd, cos and sin (rows, hd) -> y; backward:
+// the transpose (kernels/rope.h).
+void submit_rope(bool backward, int64_t rows, int64_t width, int64_t hd, starpu_data_handle_t x,
+                 starpu_data_handle_t cos, starpu_data_handle_t sin, starpu_data_handle_t y);
 // Self-attention over nseq whole sequences in one tile: qkv (nseq * seq, 3c) -> y (nseq * seq, c); backward
 // writes dqkv. mask: nullptr (causal) or an additive float mask tile (nseq * seq, seq). bf16: computed in
 // bfloat16 (float32 tiles in and out). dropout_p > 0: dropout on the attention probabilities, the mask a hash of
@@ -71,6 +75,15 @@ void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nhe
                                starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t mask,
                                starpu_data_handle_t dqkv, float dropout_p = 0.0f, int64_t seed = 0,
                                int64_t first_seq = 0);
+// Grouped-query attention over nseq whole sequences: q (nseq * seq, nheads * hd), k, v (nseq * seq, kv_heads * hd)
+// -> y (nseq * seq, nheads * hd); backward writes dq, dk, dv. mask and bf16 as submit_attention_forward's.
+void submit_gqa_attention_forward(int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
+                                  float scale, bool bf16, starpu_data_handle_t q, starpu_data_handle_t k,
+                                  starpu_data_handle_t v, starpu_data_handle_t mask, starpu_data_handle_t y);
+void submit_gqa_attention_backward(int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
+                                   float scale, bool bf16, starpu_data_handle_t dy, starpu_data_handle_t q,
+                                   starpu_data_handle_t k, starpu_data_handle_t v, starpu_data_handle_t mask,
+                                   starpu_data_handle_t dq, starpu_data_handle_t dk, starpu_data_handle_t dv);
 // Records a task error (raised at the host's next wait) when an integer tile (n values) holds a value outside
 // [lo, hi) other than `ignore`; `what` names the check in the message.
 void submit_index_check(int64_t n, int64_t lo, int64_t hi, int64_t ignore, const std::string &what,

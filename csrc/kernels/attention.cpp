@@ -85,10 +85,11 @@ int choose(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::T
     int b = setting.load(std::memory_order_relaxed);
     if (b < 0) {
         // torch's choice for this geometry, asked once per worker thread (its checks cost tens of microseconds of
-        // launch time per tile): q, k and v are views of one tensor, so q's sizes and strides and the device say it.
+        // launch time per tile): q's and k's sizes and strides and the device say it (v is laid out as k).
         thread_local std::vector<std::pair<std::vector<int64_t>, int>> known;
         std::vector<int64_t> key(q.sizes().begin(), q.sizes().end());
         key.insert(key.end(), q.strides().begin(), q.strides().end());
+        key.insert(key.end(), k.strides().begin(), k.strides().end());  // grouped-query k, v: tensors of their own
         key.push_back(q.get_device());
         int64_t scale_bits = 0;
         std::memcpy(&scale_bits, &scale, sizeof scale);
@@ -167,6 +168,66 @@ Forward attend(const Where &w, const at::Tensor &q, const at::Tensor &k, const a
     return {out, lse, {}, {}, kCpu};
 }
 
+// The fused kernels' backward for q, k, v (nseq, nheads, seq, hp) as attend() takes them: the forward recomputed
+// (nothing of it is kept between the passes), then the gradients of q, k, v in their layouts. dy_view: the output's
+// gradient (nseq, nheads, seq, hd), float32.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(const Where &w, const at::Tensor &q, const at::Tensor &k,
+                                                               const at::Tensor &v, float scale, const at::Tensor &bias,
+                                                               const at::Tensor &dy_view) {
+    const int64_t hp = q.size(3);
+    const bool causal = !bias.defined();
+    const std::optional<at::Tensor> opt_bias = causal ? std::nullopt : std::optional<at::Tensor>(bias);
+    auto f = attend(w, q, k, v, scale, bias);
+    at::Tensor gq, gk, gv;
+    if (f.backend == kCudnn) {
+        try {
+            // cuDNN reads the output's gradient with the output's strides
+            auto g_like_out = grad_as(dy_view, hp, q.scalar_type(), f.out);
+            std::tie(gq, gk, gv) = at::_scaled_dot_product_cudnn_attention_backward(
+                g_like_out, q, k, v, f.out, f.logsumexp, f.philox_seed, f.philox_offset, at::Tensor(), f.cum_seq_q,
+                f.cum_seq_k, f.max_q, f.max_k, 0.0, /*is_causal=*/true, (double)scale);
+        } catch (const c10::Error &e) {
+            refuse(kCudnn, "backward", e);
+            f = attend(w, q, k, v, scale, bias);  // memory-efficient from now on
+        }
+    }
+    const at::Tensor g = gq.defined() ? at::Tensor() : grad_as(dy_view, hp, q.scalar_type(), at::Tensor());
+    if (f.backend == kFlash) {
+        try {
+            std::tie(gq, gk, gv) = at::_scaled_dot_product_flash_attention_backward(
+                g, q, k, v, f.out, f.logsumexp, f.cum_seq_q, f.cum_seq_k, f.max_q, f.max_k, 0.0, /*is_causal=*/true,
+                f.philox_seed, f.philox_offset, (double)scale);
+        } catch (const c10::Error &e) {
+            refuse(kFlash, "backward", e);
+            f = attend(w, q, k, v, scale, bias);  // memory-efficient from now on
+        }
+    }
+    if (!gq.defined() && w.cuda) {
+        std::tie(gq, gk, gv, std::ignore) = at::_scaled_dot_product_efficient_attention_backward(
+            g, q, k, v, bias, f.out, f.logsumexp, f.philox_seed, f.philox_offset, 0.0, {true, true, true, false},
+            causal, (double)scale);
+    } else if (!gq.defined()) {
+        std::tie(gq, gk, gv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+            g, q, k, v, f.out, f.logsumexp, 0.0, causal, opt_bias, (double)scale);
+    }
+    return {gq, gk, gv};
+}
+
+// Rows (nseq * seq, nh * hd) of one of q, k, v as the fused kernels take them: (nseq, nh * groups, seq, hp), each
+// head repeated `groups` times side by side (grouped-query attention's k and v: query head h reads k/v head
+// h / groups, Hugging Face's repeat_kv), padded to hp and rounded to bf16 where asked. A view of the tile when
+// nothing changes, else one copy kernel: the repetition lives inside the task only.
+at::Tensor heads_of(const Where &w, const float *x, int64_t nseq, int64_t seq, int64_t nh, int64_t groups, int64_t hd,
+                    bool bf16) {
+    const int64_t hp = padded_hd(w, hd);
+    auto t = wrap(x, {nseq, seq, nh, 1, hd}, w);
+    if (groups == 1 && hp == hd && !bf16) return t.view({nseq, seq, nh, hd}).transpose(1, 2);
+    auto out = at::empty({nseq, seq, nh, groups, hp}, t.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+    if (hp != hd) out.narrow(4, hd, hp - hd).zero_();
+    out.narrow(4, 0, hd).copy_(t.expand({nseq, seq, nh, groups, hd}));
+    return out.view({nseq, seq, nh * groups, hp}).transpose(1, 2);
+}
+
 // Attention with dropout on the probabilities, as explicit float32 math on (nseq, nheads, seq, seq) scores, on CPU
 // and GPU alike: the fused kernels draw their dropout from torch's generators, whose masks depend on the device and
 // the launch, where this mask is nntile's hash of global positions (the same for any tiling and device). The
@@ -233,7 +294,7 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
                         const AttentionDropout &drop) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
-    int64_t hd = c / nheads, hp = padded_hd(w, hd);
+    const int64_t hd = c / nheads;
     if (drop.p > 0.0f) {
         // out = (P * K) v with P = softmax(S), K the scaled keep mask; dS = P * (dP - rowsum(dP * P)), dP = dPk * K.
         // One sequence at a time, as the forward.
@@ -257,47 +318,45 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
         return;
     }
     auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads, bf16);
-    const at::Tensor bias = attention_bias(w, mask, nseq, seq, nheads, q);
-    const bool causal = !bias.defined();
-    const std::optional<at::Tensor> opt_bias = causal ? std::nullopt : std::optional<at::Tensor>(bias);
-    auto f = attend(w, q, k, v, scale, bias);  // recomputed: nothing of the forward is kept between the passes
     const auto dy_view = wrap(dy, {nseq, seq, nheads, hd}, w).transpose(1, 2);  // (nseq, nheads, seq, hd)
-    at::Tensor gq, gk, gv;
-    if (f.backend == kCudnn) {
-        try {
-            // cuDNN reads the output's gradient with the output's strides
-            auto g_like_out = grad_as(dy_view, hp, q.scalar_type(), f.out);
-            std::tie(gq, gk, gv) = at::_scaled_dot_product_cudnn_attention_backward(
-                g_like_out, q, k, v, f.out, f.logsumexp, f.philox_seed, f.philox_offset, at::Tensor(), f.cum_seq_q,
-                f.cum_seq_k, f.max_q, f.max_k, 0.0, /*is_causal=*/true, (double)scale);
-        } catch (const c10::Error &e) {
-            refuse(kCudnn, "backward", e);
-            f = attend(w, q, k, v, scale, bias);  // memory-efficient from now on
-        }
-    }
-    const at::Tensor g = gq.defined() ? at::Tensor() : grad_as(dy_view, hp, q.scalar_type(), at::Tensor());
-    if (f.backend == kFlash) {
-        try {
-            std::tie(gq, gk, gv) = at::_scaled_dot_product_flash_attention_backward(
-                g, q, k, v, f.out, f.logsumexp, f.cum_seq_q, f.cum_seq_k, f.max_q, f.max_k, 0.0, /*is_causal=*/true,
-                f.philox_seed, f.philox_offset, (double)scale);
-        } catch (const c10::Error &e) {
-            refuse(kFlash, "backward", e);
-            f = attend(w, q, k, v, scale, bias);  // memory-efficient from now on
-        }
-    }
-    if (!gq.defined() && w.cuda) {
-        std::tie(gq, gk, gv, std::ignore) = at::_scaled_dot_product_efficient_attention_backward(
-            g, q, k, v, bias, f.out, f.logsumexp, f.philox_seed, f.philox_offset, 0.0, {true, true, true, false},
-            causal, (double)scale);
-    } else if (!gq.defined()) {
-        std::tie(gq, gk, gv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
-            g, q, k, v, f.out, f.logsumexp, 0.0, causal, opt_bias, (double)scale);
-    }
+    auto [gq, gk, gv] = fused_backward(w, q, k, v, scale, attention_bias(w, mask, nseq, seq, nheads, q), dy_view);
     auto out = wrap(dqkv, {nseq, seq, 3, nheads, c / nheads}, w);
     out.select(2, 0).copy_(unpad(gq, hd));
     out.select(2, 1).copy_(unpad(gk, hd));
     out.select(2, 2).copy_(unpad(gv, hd));
+}
+
+void gqa_attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
+                           float scale, bool bf16, const float *q, const float *k, const float *v, const float *mask,
+                           float *y) {
+    StreamScope scope(w);
+    c10::NoGradGuard no_grad;
+    const int64_t groups = nheads / kv_heads;
+    auto qh = heads_of(w, q, nseq, seq, nheads, 1, hd, bf16);
+    auto f = attend(w, qh, heads_of(w, k, nseq, seq, kv_heads, groups, hd, bf16),
+                    heads_of(w, v, nseq, seq, kv_heads, groups, hd, bf16), scale,
+                    attention_bias(w, mask, nseq, seq, nheads, qh));
+    wrap(y, {nseq, seq, nheads, hd}, w).copy_(unpad(f.out, hd));
+}
+
+void gqa_attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
+                            float scale, bool bf16, const float *dy, const float *q, const float *k, const float *v,
+                            const float *mask, float *dq, float *dk, float *dv) {
+    StreamScope scope(w);
+    c10::NoGradGuard no_grad;
+    const int64_t groups = nheads / kv_heads;
+    auto qh = heads_of(w, q, nseq, seq, nheads, 1, hd, bf16);
+    const auto dy_view = wrap(dy, {nseq, seq, nheads, hd}, w).transpose(1, 2);  // (nseq, nheads, seq, hd)
+    auto [gq, gk, gv] = fused_backward(w, qh, heads_of(w, k, nseq, seq, kv_heads, groups, hd, bf16),
+                                       heads_of(w, v, nseq, seq, kv_heads, groups, hd, bf16), scale,
+                                       attention_bias(w, mask, nseq, seq, nheads, qh), dy_view);
+    wrap(dq, {nseq, seq, nheads, hd}, w).copy_(unpad(gq, hd));
+    // a k/v head's gradient is the sum over the query heads of its group (repeat_kv's backward), in float32
+    for (auto [g, out] : {std::pair{gk, dk}, std::pair{gv, dv}}) {
+        auto per_head = unpad(g, hd).unflatten(2, {kv_heads, groups});  // (nseq, seq, kv_heads, groups, hd)
+        wrap(out, {nseq, seq, kv_heads, hd}, w).copy_(groups == 1 ? per_head.select(3, 0)
+                                                                   : at::sum(per_head, at::IntArrayRef{3}, false, at::kFloat));
+    }
 }
 
 void set_attention_backend(int backend) { setting.store(backend); }

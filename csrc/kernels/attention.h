@@ -30,6 +30,17 @@ void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int
 void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                         const float *dy, const float *qkv, const float *mask, float *dqkv,
                         const AttentionDropout &drop = {});
+// Grouped-query attention (Llama, Mistral, Qwen2) on separate tiles of whole sequences: q (nseq * seq, nheads * hd),
+// k and v (nseq * seq, kv_heads * hd), heads side by side in each row; query head h attends with k/v head
+// h / (nheads / kv_heads) (Hugging Face's repeat_kv, done inside the task) -> y (nseq * seq, nheads * hd). mask and
+// bf16 as attention_forward's; no dropout. The backward recomputes the forward and writes dq, dk, dv, a k/v head's
+// gradient summed over its group of query heads.
+void gqa_attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
+                           float scale, bool bf16, const float *q, const float *k, const float *v, const float *mask,
+                           float *y);
+void gqa_attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
+                            float scale, bool bf16, const float *dy, const float *q, const float *k, const float *v,
+                            const float *mask, float *dq, float *dk, float *dv);
 // The keep mask (nseq, nheads, seq, seq) of `drop` as a CPU bool tensor: for tests' references.
 at::Tensor attention_dropout_keep(int64_t nseq, int64_t nheads, int64_t seq, float p, int64_t seed, int64_t first_seq);
 // The fused kernels, numbered as ATen's SDPBackend numbers the GPU's (kCpu is ours: the CPU's flash kernel).

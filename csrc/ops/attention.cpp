@@ -1,4 +1,5 @@
-// Tiled self-attention (causal, or with a mask): one task per row tile (a whole number of sequences).
+// Tiled self-attention (causal, or with a mask), packed qkv (GPT-2) or grouped-query q, k, v (Llama): one task per row
+// tile (a whole number of sequences).
 #include "../codelets/codelets.h"
 #include "ops.h"
 
@@ -27,6 +28,28 @@ void check_mask(TileTensor &qkv, TileTensor *mask, int64_t seq, const char *op) 
                     << qkv.tile_shape()[0] << " rows (got shape " << c10::IntArrayRef(mask->shape()) << ", tiles "
                     << c10::IntArrayRef(mask->tile_shape()) << ")");
 }
+void check_gqa(TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &y, int64_t seq, int64_t nheads,
+               int64_t kv_heads, const char *op) {
+    for (auto *t : {&q, &k, &v, &y})
+        NNTILE_CHECK(t->dtype() == DType::f32 && t->ndim() == 2 && t->grid()[1] == 1,
+                     op << ": q, k, v and the output must be float32 matrices in tiles of whole rows");
+    NNTILE_CHECK(nheads > 0 && kv_heads > 0 && nheads % kv_heads == 0,
+                 op << ": query heads (" << nheads << ") must be a multiple of key/value heads (" << kv_heads << ")");
+    NNTILE_CHECK(q.shape()[1] % nheads == 0,
+                 op << ": q's width " << q.shape()[1] << " is not a multiple of " << nheads << " heads");
+    const int64_t hd = q.shape()[1] / nheads;
+    for (auto *t : {&k, &v})
+        NNTILE_CHECK(t->shape()[0] == q.shape()[0] && t->shape()[1] == kv_heads * hd &&
+                         t->tile_shape()[0] == q.tile_shape()[0],
+                     op << ": k and v must be (" << q.shape()[0] << ", " << kv_heads * hd << ") tiled by q's "
+                        << q.tile_shape()[0] << " rows (got shape " << c10::IntArrayRef(t->shape()) << ", tiles "
+                        << c10::IntArrayRef(t->tile_shape()) << ")");
+    NNTILE_CHECK(y.same_tiling(q), op << ": the output must be shaped and tiled like q");
+    NNTILE_CHECK(seq > 0 && q.tile_shape()[0] % seq == 0 && q.shape()[0] % seq == 0,
+                 op << ": row tiles (" << q.tile_shape()[0] << ") and rows (" << q.shape()[0]
+                    << ") must hold whole sequences of " << seq);
+}
+
 void check_dropout(float p, const char *op) {
     NNTILE_CHECK(p >= 0.0f && p < 1.0f, op << ": dropout_p must be in [0, 1) (got " << p << ")");
 }
@@ -61,6 +84,40 @@ void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64
                                             dropout_p, seed, i * qkv.tile_shape()[0] / seq);
     }
     dqkv.bump_version();
+}
+
+void gqa_attention_forward(TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &y, int64_t seq, int64_t nheads,
+                           int64_t kv_heads, float scale, bool bf16, TileTensor *mask) {
+    check_gqa(q, k, v, y, seq, nheads, kv_heads, "gqa_attention");
+    check_mask(q, mask, seq, "gqa_attention");
+    const int64_t hd = q.shape()[1] / nheads;
+    for (int64_t i = 0; i < q.grid()[0]; ++i) {
+        OnWorker on(placement_worker(i));
+        codelets::submit_gqa_attention_forward(q.tile_extent(0, i) / seq, seq, nheads, kv_heads, hd, scale, bf16,
+                                               q.handle(i), k.handle(i), v.handle(i),
+                                               mask ? mask->handle(i) : nullptr, y.handle(i));
+    }
+    y.bump_version();
+}
+
+void gqa_attention_backward(TileTensor &dy, TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &dq,
+                            TileTensor &dk, TileTensor &dv, int64_t seq, int64_t nheads, int64_t kv_heads, float scale,
+                            bool bf16, TileTensor *mask) {
+    check_gqa(q, k, v, dy, seq, nheads, kv_heads, "gqa_attention_backward");
+    check_mask(q, mask, seq, "gqa_attention_backward");
+    NNTILE_CHECK(dq.same_tiling(q) && dk.same_tiling(k) && dv.same_tiling(v),
+                 "gqa_attention_backward: dq, dk, dv must be tiled like q, k, v");
+    const int64_t hd = q.shape()[1] / nheads;
+    for (int64_t i = 0; i < q.grid()[0]; ++i) {
+        OnWorker on(placement_worker(i));
+        codelets::submit_gqa_attention_backward(q.tile_extent(0, i) / seq, seq, nheads, kv_heads, hd, scale, bf16,
+                                                dy.handle(i), q.handle(i), k.handle(i), v.handle(i),
+                                                mask ? mask->handle(i) : nullptr, dq.handle(i), dk.handle(i),
+                                                dv.handle(i));
+    }
+    dq.bump_version();
+    dk.bump_version();
+    dv.bump_version();
 }
 
 }  // namespace nntile::ops

@@ -53,6 +53,10 @@ void rmsnorm_backward(TileTensor &dy, TileTensor &x, TileTensor &rstd, TileTenso
 // y = silu(g) * u and its backward (dg, du written), tile by tile: every tensor tiled the same.
 void silu_mul_forward(TileTensor &g, TileTensor &u, TileTensor &y);
 void silu_mul_backward(TileTensor &dy, TileTensor &g, TileTensor &u, TileTensor &dg, TileTensor &du);
+// Rotary position embeddings (Hugging Face's q * cos + rotate_half(q) * sin per head): x (M, heads x head_dim) in
+// tiles of whole heads, cos and sin (M, head_dim) tiled by x's rows (row r: row r's position) -> y tiled like x.
+// backward: the transpose (dy -> dx).
+void rope(TileTensor &x, TileTensor &cos, TileTensor &sin, TileTensor &y, int64_t head_dim, bool backward);
 // Self-attention: qkv (M, 3C) in tiles of whole rows holding whole sequences of `seq` positions
 // (row tile a multiple of seq) -> y (M, C), tiled by the same rows. Backward: dqkv tiled like qkv.
 // mask: nullptr for causal attention, else an additive float mask (M, seq) tiled by qkv's rows (row s * seq + i:
@@ -64,6 +68,15 @@ void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nhea
                        TileTensor *mask = nullptr, float dropout_p = 0.0f, int64_t seed = 0);
 void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale,
                         bool bf16, TileTensor *mask = nullptr, float dropout_p = 0.0f, int64_t seed = 0);
+// Grouped-query causal attention (Llama, Mistral, Qwen2): q (M, nheads x hd), k and v (M, kv_heads x hd), each in
+// tiles of whole rows with the same row tiles holding whole sequences of `seq` -> y (M, nheads x hd) tiled by those
+// rows; query head h reads k/v head h / (nheads / kv_heads). mask, bf16: as attention_forward's (no dropout).
+// Backward: dq, dk, dv tiled like q, k, v.
+void gqa_attention_forward(TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &y, int64_t seq, int64_t nheads,
+                           int64_t kv_heads, float scale, bool bf16, TileTensor *mask);
+void gqa_attention_backward(TileTensor &dy, TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &dq,
+                            TileTensor &dk, TileTensor &dv, int64_t seq, int64_t nheads, int64_t kv_heads, float scale,
+                            bool bf16, TileTensor *mask);
 // A task per tile of the integer tensor ids that records an error (raised at the host's next wait, e.g.
 // loss.item()) when a value lies outside [lo, hi) and is not `ignore`: index checks without a host read.
 void index_check(TileTensor &ids, int64_t lo, int64_t hi, int64_t ignore, const std::string &what);

@@ -6,9 +6,9 @@ CLI's corpus (Python's standard library source as bytes, nntile_torch.data).
     python examples/llama/train.py --steps 5                 # tiny: 2 layers x 96, 4 heads / 2 kv heads
     python examples/llama/train.py --layers 4 --width 256 --heads 8 --kv-heads 2 --intermediate 688
 
-RMSNorms, the seven linear layers of each block, the untied LM head and the loss run as tile tasks; what has no tile
-version yet (the rotary embedding, the gated MLP's silu * up, grouped-query attention) runs as torch code on
-materialized tiles (the run ends by naming those ops).
+RMSNorms, the seven linear layers of each block, the rotary embedding, grouped-query attention, the gated MLP's
+silu * up, the untied LM head and the loss run as tile tasks; an op that ran as torch code on materialized tiles
+would be named at the end of the run.
 """
 import argparse
 import time
@@ -48,7 +48,7 @@ model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
 
 plan = nt.plan(model, args.batch, args.seq, args.precision)
 print(plan, flush=True)
-# The forms without a tile version yet warn once each as they run; the run ends by naming them instead.
+# An op without a tile version would warn once as it runs; the run ends by naming any instead.
 warnings.filterwarnings("ignore", message=r"nntile_torch: .*ran as dense torch code")
 model = plan.apply(model, init=model._init_weights)
 model.train()
