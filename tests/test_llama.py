@@ -441,14 +441,14 @@ def dense(t):
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama3", "mistral", "qwen2"])
-def test_hf_model_parity_strict(kind):
+def test_hf_model_parity_strict(kind, device):
     """Converted strict (no op runs as dense torch code: RMSNorms, every linear layer, rotary embeddings, grouped-query
     attention, the gated MLPs' silu * up, the embedding and the loss are tile tasks): loss, logits and every
     parameter's gradient as the unconverted model's (fp32), sequences of 24 in row tiles of two (3 x 24 rows: tiles
     of 48 and 24), weight tiles of 64 over widths 64, 32, 96 and 100; then AdamW steps as torch's AdamW, a
     training step without a host wait."""
     import copy
-    ref = hf_model(kind)
+    ref = hf_model(kind).to(device)
     if kind == "qwen2":
         assert ref.model.layers[0].self_attn.q_proj.bias is not None
     model = nt.convert(copy.deepcopy(ref), strict=True, tile_size=64, batch_tile_size=48)
@@ -457,7 +457,7 @@ def test_hf_model_parity_strict(kind):
     assert {"nntile_torch.nn.RMSNorm", "nntile_torch.nn.Linear", "nntile_torch.nn.Embedding"} <= swapped
     assert sum("silu" in why for _, _, why in rep.patched) == 2
     assert sum("grouped-query attention" in why for _, _, why in rep.patched) == 2
-    ids = torch.randint(0, 100, (3, 24), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 100, (3, 24), generator=torch.Generator().manual_seed(1)).to(device)
     out, out_ref = model(input_ids=ids, labels=ids), ref(input_ids=ids, labels=ids)
     assert abs(out.loss.item() - out_ref.loss.item()) <= 1e-5 * out_ref.loss.item()
     assert (dense(out.logits) - out_ref.logits).abs().max().item() <= 1e-5 * out_ref.logits.abs().max().item()
