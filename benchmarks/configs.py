@@ -70,6 +70,8 @@ CONFIGS = {
     "wide-4-32k": Shape(4, 32768, 256, note="NNTile-paper-style, ~50B scale"),
     # The Llama family: the published models' shapes (Llama 3's without its 3.1 rope scaling), built from config.
     "llama-tiny": llama_shape(2, 64, 160, 4, 2, 1000, 10000.0, positions=32, note="CPU smoke test"),
+    "qwen2-tiny": llama_shape(2, 64, 160, 4, 2, 1000, 1e6, family="qwen2", positions=32, norm_eps=1e-6,
+                              note="CPU smoke test (q, k, v biases)"),
     "llama3-8b": llama_shape(32, 4096, 14336, 32, 8, 128256, 500000.0, note="Llama 3 8B"),
     "qwen2.5-14b": llama_shape(48, 5120, 13824, 40, 8, 152064, 1e6, family="qwen2", positions=32768, norm_eps=1e-6,
                                note="Qwen2.5 14B (q, k, v biases)"),

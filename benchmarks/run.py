@@ -10,8 +10,8 @@ FSDP2 and DeepSpeed, with the same model, data, batch, sequence length and preci
     python -m benchmarks.run --list-configs
 
 Configs (--config, benchmarks/configs.py) name their family: gpt2 (tiny ... 30b, wide-*), llama (llama-tiny,
-llama3-8b, llama-70b), qwen2 (qwen2.5-14b, qwen2.5-32b). Models (--model, benchmarks/models.py), the same shapes,
-data, loss and FLOP count within a family; without --model each config builds its family's first:
+llama3-8b, llama-70b), qwen2 (qwen2-tiny, qwen2.5-14b, qwen2.5-32b). Models (--model, benchmarks/models.py), the
+same shapes, data, loss and FLOP count within a family; without --model each config builds its family's first:
   hf         (gpt2) Hugging Face GPT2LMHeadModel as a user has it (its default activation gelu_new)
   hf-tanh    (gpt2) the same with activation_function="gelu_pytorch_tanh" (the same function in one kernel)
   nanogpt    (gpt2) examples/nanogpt/model.py, nanoGPT's model.py in structure (its LayerNorm calling F.layer_norm,
@@ -530,8 +530,9 @@ def model_runs(configs, models=None):
     runs = [(m, c) for m in models for c in configs if MODEL_FAMILY[m] == family(c)]
     for m in models:
         if not any(mm == m for mm, _ in runs):
-            raise ValueError(f"--model {m} builds the {MODEL_FAMILY[m]} family, and none of the configs "
-                             f"({', '.join(f'{c}: {family(c)}' for c in configs)}) is of it")
+            raise ValueError(f"--model {m} builds the {MODEL_FAMILY[m]} family, and none of the configs is of it ("
+                             + "; ".join(f"{c}: {family(c)} family, --model {'/'.join(FAMILY_MODELS[family(c)])}"
+                                         for c in configs) + ")")
     for c in configs:
         if not any(cc == c for _, cc in runs):
             raise ValueError(f"config {c} is of the {family(c)} family (its models: "
