@@ -9,6 +9,10 @@ of a training script's own optimizer.
            split into q, k, v and F.scaled_dot_product_attention, nn.GELU, a head tied to the token embedding;
            vocab padded to a multiple of 64 as nanoGPT pads GPT-2's (50257 -> 50304), biases as its GPTConfig's
            default (True, as GPT-2)
+  llama    Hugging Face LlamaForCausalLM from the config's LlamaConfig (the llama family's configs: RMSNorm, rotary
+           embeddings, grouped-query attention, gated SiLU MLP, untied head), its default attention (sdpa)
+  qwen2    Hugging Face Qwen2ForCausalLM from the config's Qwen2Config (the qwen2 family's: Llama's with q, k, v biases)
+The first three build the gpt2 family's configs, llama and qwen2 their own (configs.MODEL_FAMILY).
 Every family trains on the same token ids and the same loss: next-token cross-entropy over the sequence's first
 seq - 1 positions (Hugging Face's labels=ids; nanoGPT's targets are the ids shifted left, the last one -1, which
 its F.cross_entropy(..., ignore_index=-1) skips).
@@ -20,10 +24,18 @@ import sys
 
 import torch
 
-from benchmarks.configs import CONFIGS, hf_config, model_vocab, positions
+from benchmarks.configs import CONFIGS, MODEL_FAMILY, check_model, hf_config, model_vocab, positions
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODELS = ("hf", "hf-tanh", "nanogpt")
+MODELS = tuple(MODEL_FAMILY)  # hf, hf-tanh, nanogpt, llama, qwen2
+LLAMA_LIKE = ("llama", "qwen2")
+
+
+def hf_class(model):
+    """The transformers class of a Hugging Face model name."""
+    import transformers
+    return {"llama": transformers.LlamaForCausalLM, "qwen2": transformers.Qwen2ForCausalLM}.get(
+        model, transformers.GPT2LMHeadModel)
 
 
 def nanogpt_module():
@@ -45,14 +57,22 @@ def nanogpt_config(config, seq):
 
 def build(model, config, seq):
     """The model of family `model` at shape `config`, on the current default device (torch.device(...) as a context
-    manager: meta builds it without memory), in train mode, weights from the current torch seed."""
+    manager: meta builds it without memory), in train mode, weights from the current torch seed. ValueError when
+    the model does not build that config's family."""
+    check_model(config, model)
     if model == "nanogpt":
         net = nanogpt_module().GPT(nanogpt_config(config, seq))
     else:
-        import transformers
-        net = transformers.GPT2LMHeadModel(hf_config(config, seq, model))
+        net = hf_class(model)(hf_config(config, seq, model))
     net.train()
     return net
+
+
+def real_buffers(model, net, device):
+    """A model built on meta gets its buffers that are no parameters (which convert() does not materialize) on
+    `device`: the Llama family's rotary module (inv_freq), made anew from the config. GPT-2's models have none."""
+    if model in LLAMA_LIKE and net.model.rotary_emb.inv_freq.is_meta:
+        net.model.rotary_emb = type(net.model.rotary_emb)(net.config, device=device)
 
 
 def loss(model, net, ids):
@@ -64,16 +84,22 @@ def loss(model, net, ids):
 
 
 def blocks(net):
-    """The transformer blocks' ModuleList (GPT-2's transformer.h in every family; under FSDP1 or torch.compile
-    the wrapped module's)."""
+    """The transformer blocks' ModuleList (GPT-2's transformer.h in its three models, the Llama family's model.layers;
+    under FSDP1 or torch.compile the wrapped module's)."""
     inner = getattr(net, "_orig_mod", net)  # torch.compile's OptimizedModule
     inner = getattr(inner, "_fsdp_wrapped_module", inner)
-    return inner.transformer.h
+    return inner.transformer.h if hasattr(inner, "transformer") else inner.model.layers
 
 
 def block_class(model):
     if model == "nanogpt":
         return nanogpt_module().Block
+    if model == "llama":
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+        return LlamaDecoderLayer
+    if model == "qwen2":
+        from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+        return Qwen2DecoderLayer
     from transformers.models.gpt2.modeling_gpt2 import GPT2Block
     return GPT2Block
 
@@ -97,7 +123,12 @@ def module_init(model, net):
     """init(module) for nt.convert of a model built on meta: the family's own init one module at a time, GPT-2's
     depth-scaled init of the residual projections included (both families apply it from the whole model); each
     module drawn where it is (the GPU: fast) and moved to host RAM, so that each tile goes to the GPU that first
-    works on it."""
+    works on it. The Llama family's init is Hugging Face's _init_weights alone (no depth scaling)."""
+    if model in LLAMA_LIKE:
+        def init(m):
+            net._init_weights(m)
+            m.to("cpu")
+        return init
     if model == "nanogpt":
         layers = net.config.n_layer
         scaled = {id(b.attn.c_proj) for b in net.transformer.h} | {id(b.mlp.c_proj) for b in net.transformer.h}
@@ -129,7 +160,7 @@ def describe(model, net):
                 "activation": "nn.GELU()"}
     cfg = net.config
     return {"family": model, "class": type(net).__name__, "attention": getattr(cfg, "_attn_implementation", None),
-            "activation": cfg.activation_function}
+            "activation": cfg.hidden_act if model in LLAMA_LIKE else cfg.activation_function}
 
 
 def user_optimizer(model, net, lr, weight_decay, fused):

@@ -16,13 +16,14 @@ import time
 import torch
 
 from benchmarks import models
-from benchmarks.configs import CONFIGS
+from benchmarks.configs import CONFIGS, default_model
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="xl", choices=sorted(CONFIGS))
-    ap.add_argument("--model", default="hf", choices=models.MODELS, help="model family (default hf)")
+    ap.add_argument("--model", choices=models.MODELS, help="model (default: the config's family's first: hf, llama, "
+                    "qwen2)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--precision", default="bf16", choices=["fp32", "tf32", "bf16"])
@@ -34,6 +35,7 @@ def main():
     ap.add_argument("--no-profile", action="store_true", help="skip the torch.profiler step")
     ap.add_argument("--out", help="JSON summary")
     args = ap.parse_args()
+    args.model = args.model or default_model(args.config)
 
     import nntile_torch as nt
     cuda = torch.cuda.is_available()

@@ -271,7 +271,8 @@ def plot_throughput(rows, path):
             ax.grid(alpha=0.3, axis="x")
         b = ok[0]
         per_gpu = {r["batch"] // max(1, r.get("gpus") or 1) for r in ok}
-        fig.suptitle(f"GPT-2 {b['config']} ({b['params'] / 1e9:.2f}B) training throughput, {b['machine']}, "
+        name = ("GPT-2 " if b.get("family", "gpt2") == "gpt2" else "") + b["config"]  # older records: GPT-2's
+        fig.suptitle(f"{name} ({b['params'] / 1e9:.2f}B) training throughput, {b['machine']}, "
                      + (f"{per_gpu.pop()} x {b['seq']} tokens per GPU" if len(per_gpu) == 1 else "batches differ"))
         fig.tight_layout()
         fig.savefig(path, dpi=110)

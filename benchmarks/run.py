@@ -1,18 +1,25 @@
-"""Benchmark harness: GPT-2 training steps on nntile_torch beside PyTorch eager, FSDP, FSDP2 and DeepSpeed, with
-the same model, data, batch, sequence length and precision, each attempt in its own process.
+"""Benchmark harness: training steps of GPT-2 and Llama-family models on nntile_torch beside PyTorch eager, FSDP,
+FSDP2 and DeepSpeed, with the same model, data, batch, sequence length and precision, each attempt in its own process.
 
     python -m benchmarks.run --backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024
     python -m benchmarks.run --model hf,hf-tanh,nanogpt --backend nntile,torch:compile,fsdp2:compile --config xl
     python -m benchmarks.run --backend fsdp:offload,fsdp2:offload,deepspeed --config xl,6.7b
     python -m benchmarks.run --mode capacity --backend torch:ckpt,nntile --config 6.7b,13b,20b --steps 2
     python -m benchmarks.run --backend nntile,fsdp --config xl --repeat 3   # before/after ratios: medians of 3
+    python -m benchmarks.run --backend torch:compile,fsdp2,nntile --config llama3-8b --batch 8 --seq 1024
     python -m benchmarks.run --list-configs
 
-Models (--model, benchmarks/models.py), the same shapes (--config), data, loss and FLOP count:
-  hf         Hugging Face GPT2LMHeadModel as a user has it (its default activation gelu_new)
-  hf-tanh    the same with activation_function="gelu_pytorch_tanh" (the same function in one kernel)
-  nanogpt    examples/nanogpt/model.py, nanoGPT's model.py in structure (its LayerNorm calling F.layer_norm, split
-             q/k/v + SDPA, nn.GELU, tied head), vocab padded to a multiple of 64 as nanoGPT does (50304)
+Configs (--config, benchmarks/configs.py) name their family: gpt2 (tiny ... 30b, wide-*), llama (llama-tiny,
+llama3-8b, llama-70b), qwen2 (qwen2-tiny, qwen2.5-14b, qwen2.5-32b). Models (--model, benchmarks/models.py), the
+same shapes, data, loss and FLOP count within a family; without --model each config builds its family's first:
+  hf         (gpt2) Hugging Face GPT2LMHeadModel as a user has it (its default activation gelu_new)
+  hf-tanh    (gpt2) the same with activation_function="gelu_pytorch_tanh" (the same function in one kernel)
+  nanogpt    (gpt2) examples/nanogpt/model.py, nanoGPT's model.py in structure (its LayerNorm calling F.layer_norm,
+             split q/k/v + SDPA, nn.GELU, tied head), vocab padded to a multiple of 64 as nanoGPT does (50304)
+  llama      (llama) Hugging Face LlamaForCausalLM from the config (GQA, gated SiLU MLP, RMSNorm, untied head)
+  qwen2      (qwen2) Hugging Face Qwen2ForCausalLM from the config (Llama's shape with q, k, v biases)
+An explicit --model runs each config of its family; a model that fits none of the configs, or a config that none of
+the models fits, is an error.
 
 Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:offload+ckpt):
   torch      eager; variants plain, ckpt (activation checkpointing), compile (torch.compile(model)), useropt (a
@@ -72,12 +79,19 @@ from benchmarks.configs import (
     MANUAL_NNTILE_FLAGS,
     CAPACITY_LADDER,
     CONFIGS,
+    DEFAULT_CONFIG,
+    FAMILY_MODELS,
+    LADDERS,
+    MODEL_FAMILY,
     NOT_SETTINGS,
     by_size,
-    flops_per_token,
+    default_model,
+    family,
     fmt_params,
+    model_flops_per_token,
     model_vocab,
     param_count,
+    shape_text,
 )
 from benchmarks.models import MODELS
 
@@ -369,7 +383,7 @@ def precheck(a, cpu_only, args, world):
 
 def run_attempt(a, args, machine, peaks, ngpus, logdir):
     """Runs one attempt in its own process (torchrun for the distributed backends) and returns its record."""
-    model = a.get("model", "hf")
+    model = a.get("model") or default_model(a["config"])
     name = (f"{a['backend']}_{a['variant']}_{'' if model == 'hf' else model + '_'}{a['config']}_{a['precision']}"
             f"_b{args.batch}_s{args.seq}")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -405,8 +419,10 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
         else:
             cmd = [sys.executable, *worker]
         rec = {"machine": machine, "backend": a["backend"], "variant": a["variant"], "model": model,
-               "config": a["config"], "params": params, "layers": shape.layers, "hidden": shape.hidden,
-               "heads": shape.heads, "vocab": model_vocab(a["config"], model), "precision": a["precision"],
+               "family": shape.family, "config": a["config"], "params": params, "layers": shape.layers,
+               "hidden": shape.hidden, "heads": shape.heads, "kv_heads": shape.kv_heads or shape.heads,
+               "mlp": shape.mlp or 4 * shape.hidden, "vocab": model_vocab(a["config"], model),
+               "flops_per_token": model_flops_per_token(a["config"], args.seq, model), "precision": a["precision"],
                "numerics": None, "gpus": 0 if cpu_only else world,
                "batch": args.batch, "seq": args.seq, "steps": args.steps, "warmup": args.warmup, "mode": a["mode"],
                "status": None, "reason": None, "tokens_per_s": None, "tflops": None, "mfu": None,
@@ -473,7 +489,7 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
     if rec["status"] == "ok" and rec.get("step_s"):
         tokens = args.batch * args.seq
         rec["tokens_per_s"] = tokens / rec["step_s"]
-        rec["tflops"] = flops_per_token(params, shape.layers, shape.hidden, args.seq) * rec["tokens_per_s"] / 1e12
+        rec["tflops"] = rec["flops_per_token"] * rec["tokens_per_s"] / 1e12
         peak = peaks.get(a["precision"])
         if peak and rec["gpus"]:
             rec["mfu"] = rec["tflops"] / (peak * rec["gpus"])
@@ -505,15 +521,37 @@ def table(records):
     return "\n".join(rows)
 
 
+def model_runs(configs, models=None):
+    """[(model, config)] to run: without models each config with its family's default model; with them every model
+    with every config of its family. ValueError for a model that fits none of the configs or a config that none of
+    the models fits (a Llama config under --model hf, say), naming the families."""
+    if not models:
+        return [(default_model(c), c) for c in configs]
+    runs = [(m, c) for m in models for c in configs if MODEL_FAMILY[m] == family(c)]
+    for m in models:
+        if not any(mm == m for mm, _ in runs):
+            raise ValueError(f"--model {m} builds the {MODEL_FAMILY[m]} family, and none of the configs is of it ("
+                             + "; ".join(f"{c}: {family(c)} family, --model {'/'.join(FAMILY_MODELS[family(c)])}"
+                                         for c in configs) + ")")
+    for c in configs:
+        if not any(cc == c for _, cc in runs):
+            raise ValueError(f"config {c} is of the {family(c)} family (its models: "
+                             f"{', '.join(FAMILY_MODELS[family(c)])}), none of --model {','.join(models)}")
+    return runs
+
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", default="torch,nntile", help="comma list of backend[:variant] (default torch,nntile)")
     ap.add_argument("--variant", help="comma list of variants for backends given without one")
-    ap.add_argument("--config", help=f"comma list of configs (default: xl; capacity: {','.join(CAPACITY_LADDER)})")
-    ap.add_argument("--model", default="hf",
-                    help="comma list of model families (benchmarks/models.py): hf (Hugging Face GPT2LMHeadModel, its "
+    ap.add_argument("--config", help="comma list of configs (--list-configs; default: the models' family's, gpt2: xl; "
+                    f"capacity: {','.join(CAPACITY_LADDER)})")
+    ap.add_argument("--model",
+                    help="comma list of models (benchmarks/models.py): hf (Hugging Face GPT2LMHeadModel, its "
                          "default gelu_new), hf-tanh (the same with gelu_pytorch_tanh), nanogpt (examples/nanogpt's "
-                         "nanoGPT-shaped model, vocab padded to 50304); default hf")
+                         "nanoGPT-shaped model, vocab padded to 50304) for the gpt2 configs; llama "
+                         "(LlamaForCausalLM) for the llama configs, qwen2 (Qwen2ForCausalLM) for the qwen2 ones; "
+                         "default: each config's family's first (hf, llama, qwen2)")
     ap.add_argument("--precision", default="bf16", help="comma list of bf16, tf32, fp32 (default bf16)")
     ap.add_argument("--mode", default="throughput", choices=["throughput", "capacity"])
     ap.add_argument("--batch", type=int, default=8, help="global batch in sequences (default 8)")
@@ -603,17 +641,25 @@ def parse_args(argv=None):
         args.pairs = parse_backends(args.backend, args.variant.split(",") if args.variant else None)
     except ValueError as e:
         ap.error(str(e))
-    default = "xl" if args.mode == "throughput" else ",".join(CAPACITY_LADDER)
-    args.configs = [c.strip() for c in (args.config or default).split(",")]
+    models = [m.strip() for m in args.model.split(",")] if args.model else None
+    if models and any(m not in MODELS for m in models):
+        ap.error(f"--model takes {', '.join(MODELS)} (got {args.model})")
+    if args.config:
+        args.configs = [c.strip() for c in args.config.split(",")]
+    else:  # the models' families' defaults (gpt2 without --model)
+        fams = list(dict.fromkeys(MODEL_FAMILY[m] for m in models)) if models else ["gpt2"]
+        args.configs = [c for f in fams for c in ([DEFAULT_CONFIG[f]] if args.mode == "throughput" else LADDERS[f])]
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
         ap.error(f"unknown config(s) {unknown} (known: {', '.join(CONFIGS)})")
+    try:
+        args.runs = model_runs(args.configs, models)
+    except ValueError as e:
+        ap.error(str(e))
+    args.models = list(dict.fromkeys(m for m, _ in args.runs))
     if args.host_memory_cap:
         from nntile_torch.runtime import parse_bytes
         args.host_memory_cap = parse_bytes(args.host_memory_cap, "--host-memory-cap")
-    args.models = [m.strip() for m in args.model.split(",")]
-    if any(m not in MODELS for m in args.models):
-        ap.error(f"--model takes {', '.join(MODELS)} (got {args.model})")
     if args.warmup < 1 and any("compile" in v.split("+") for _, v in args.pairs):
         ap.error("compile variants need --warmup >= 1: the first step compiles (its time is recorded as compile_s)")
     args.precisions = [p.strip() for p in args.precision.split(",")]
@@ -628,21 +674,22 @@ def main(argv=None):
     args = parse_args(argv)
     if args.list_configs:
         for n, s in CONFIGS.items():
-            print(f"{n:11s} {s.layers:3d} layers x {s.hidden:5d}, {s.heads:3d} heads, vocab {s.vocab}: "
-                  f"{param_count(n, args.seq):>14,d} params ({fmt_params(param_count(n, args.seq))}) at seq {args.seq}"
-                  f"  {s.note}")
+            count = param_count(n, args.seq)
+            print(f"{n:11s} {s.family:5s} {shape_text(n):62s} {count:>14,d} params ({fmt_params(count)})"
+                  f"{' at seq ' + str(args.seq) if s.family == 'gpt2' else ''}  {s.note}")
         return []
     if args.mode == "throughput":
         # rounds: each attempt once per round, so that a slow machine phase does not hit one setting's runs alone
         plan = [{"backend": b, "variant": v, "model": m, "config": c, "precision": p, "mode": "throughput",
                  "round": r}
                 for r in range(1, args.repeat + 1) for c in args.configs for p in args.precisions
-                for m in args.models for b, v in args.pairs]
+                for m in args.models if (m, c) in args.runs for b, v in args.pairs]
     else:
         plan = None  # built as the search goes
     if args.dry_run:
         for a in plan or [{"backend": b, "variant": v, "model": m, "config": c, "precision": p} for m in args.models
-                          for b, v in args.pairs for p in args.precisions for c in by_size(args.configs, args.seq)]:
+                          for b, v in args.pairs for p in args.precisions for c in by_size(args.configs, args.seq)
+                          if (m, c) in args.runs]:
             print(f"{a['backend']}:{a['variant']} {a['model']} {a['config']} {a['precision']}"
                   + (f" (round {a['round']} of {args.repeat})" if args.repeat > 1 else ""))
         return []
@@ -688,8 +735,8 @@ def main(argv=None):
         for i, a in enumerate(plan, 1):
             attempt(a, i, len(plan))
     else:
-        ladder = by_size(args.configs, args.seq)
         for m in args.models:
+            ladder = by_size([c for c in args.configs if (m, c) in args.runs], args.seq)
             for b, v in args.pairs:
                 for p in args.precisions:
                     best = None

@@ -1,5 +1,5 @@
 """One benchmark attempt, in its own process (launched by benchmarks.run; torchrun launches it once per GPU for
-fsdp, fsdp2 and deepspeed). Trains a GPT-2 config of one model family (benchmarks/models.py) for warm-up + timed
+fsdp, fsdp2 and deepspeed). Trains a config of one model family (benchmarks/models.py) for warm-up + timed
 steps on synthetic, deterministic batches and writes <result>.rank<R>.json: status ("ok", "oom", "error",
 "unavailable"), reason, per-step times and losses, peak memory and the environment. Derived metrics (tokens/s,
 TFLOP/s, MFU) are computed by the harness.
@@ -270,6 +270,7 @@ def setup_nntile(spec, cuda, rank, world):
     kw = dict(precision=spec["precision"], tile_size=tile, batch_tile_size=btile, plan=plan)
     if dev0 == "meta":
         kw.update(init=models.module_init(family(spec), dense), init_device=device)
+        models.real_buffers(family(spec), dense, device)
     model = nt.convert(dense, **kw)
     if "statefetch" in spec["flags"]:  # the streaming's early fetch of the GPU updates' state (off by default)
         nt.streamer(model).state_ahead = 0
@@ -440,12 +441,14 @@ def nvme_param_swap(name, seq, buffer_count=24):
     parameter, and live, prefetched and kept-for-reuse parameters limited to about four blocks (each block's four weight
     matrices, 12h^2 elements, are the swapped ones; biases and norms under the persistence threshold of 10h stay
     on the GPU), i.e. about 16 matrices, with the embeddings, in 24 buffers. Pinned host memory: 2 bytes x
-    buffer_count x buffer_size (XL 4.8 GB, 6.7B 9.9 GB)."""
-    from benchmarks.configs import CONFIGS, positions
+    buffer_count x buffer_size (XL 4.8 GB, 6.7B 9.9 GB). The Llama family: its blocks' seven matrices (the largest
+    an MLP matrix, h x mlp) the same way."""
+    from benchmarks.configs import CONFIGS, block_params, positions
     s = CONFIGS[name]
     h = s.hidden
-    largest = max(s.vocab * h, positions(name, seq) * h, 4 * h * h)
-    block = 12 * h * h
+    largest = max(s.vocab * h, positions(name, seq) * h, 4 * h * h) if s.family == "gpt2" else \
+        max(s.vocab * h, s.mlp * h)
+    block = block_params(name) - 13 * h if s.family == "gpt2" else block_params(name)
     return {"offload_param": {"buffer_count": buffer_count, "buffer_size": max(int(1e8), largest),
                               "max_in_cpu": int(1e9)},
             "zero": {"stage3_max_live_parameters": 2 * block, "stage3_prefetch_bucket_size": block,

@@ -163,11 +163,13 @@ def test_every_model_family_converts_strictly_on_cpu():
 
     import nntile_torch as nt
     from benchmarks import models
+    from benchmarks.configs import MODEL_FAMILY
+    tiny = {"gpt2": "tiny", "llama": "llama-tiny", "qwen2": "qwen2-tiny"}  # each family's CPU shape
     ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
     for model in models.MODELS:
         torch.manual_seed(0)
-        dense = models.build(model, "tiny", 32)
-        ref = models.build(model, "tiny", 32)
+        dense = models.build(model, tiny[MODEL_FAMILY[model]], 32)
+        ref = models.build(model, tiny[MODEL_FAMILY[model]], 32)
         ref.load_state_dict(dense.state_dict())
         converted = nt.convert(dense, strict=True)
         loss, want = models.loss(model, converted, ids), models.loss(model, ref, ids)
@@ -414,7 +416,9 @@ def test_model_and_compile_options_are_checked():
     assert parse_args([]).models == ["hf"]
     assert parse_args(["--model", "hf, nanogpt"]).models == ["hf", "nanogpt"]
     with pytest.raises(SystemExit):
-        parse_args(["--model", "llama"])
+        parse_args(["--model", "gpt3"])
+    with pytest.raises(SystemExit):  # a GPT-2 shape under a Llama model (tests/test_bench_llama.py says more)
+        parse_args(["--model", "llama", "--config", "xl"])
     with pytest.raises(SystemExit):  # the first step compiles: it must not be timed
         parse_args(["--backend", "torch:compile", "--warmup", "0"])
     assert parse_args(["--backend", "torch:compile", "--warmup", "1"]).pairs == [("torch", "compile")]
