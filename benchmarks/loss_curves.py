@@ -248,27 +248,30 @@ def worker(args):
 
 # -- the driver ------------------------------------------------------------------------------------------------
 
-PROBE = r"""
-import json, platform, torch, transformers
-rec = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-       "cuda_available": torch.cuda.is_available(), "gpu": None, "nntile_cuda": None}
-if rec["cuda_available"]:
-    rec["gpu"] = torch.cuda.get_device_name(0)
-try:
-    import nntile_torch
-    rec["nntile_cuda"] = bool(nntile_torch._C.built_with_cuda)
-except Exception as e:  # the reference runs without it; the nntile variants will say why they fail
-    rec["nntile_error"] = f"{type(e).__name__}: {e}"
-print(json.dumps(rec))
-"""
+def probe(device):
+    """Versions, the device to use and the GPU's name. The name is read in a separate process: the driver itself
+    never makes a CUDA context (torch.cuda.is_available() makes none), which would hold GPU memory all run long."""
+    import platform
 
-
-def probe():
-    """Versions and the GPU, read in a separate process: the driver itself never makes a CUDA context."""
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    if out.returncode != 0:
-        raise SystemExit(f"benchmarks.loss_curves: probing torch failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    import torch
+    import transformers
+    rec = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+           "cuda_available": torch.cuda.is_available(), "gpu": None, "nntile_cuda": None}
+    try:
+        import nntile_torch  # loads the extension; starts nothing
+        rec["nntile_cuda"] = bool(nntile_torch._C.built_with_cuda)
+    except Exception as e:  # the reference runs without it; the nntile variants will say why they fail
+        rec["nntile_error"] = f"{type(e).__name__}: {e}"
+    device = device or ("cuda" if rec["cuda_available"] else "cpu")
+    if device == "cuda":
+        if not rec["cuda_available"]:
+            raise SystemExit("benchmarks.loss_curves: --device cuda, but torch sees no GPU")
+        out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+                             capture_output=True, text=True, timeout=300, check=False)
+        if out.returncode != 0:
+            raise SystemExit(f"benchmarks.loss_curves: reading the GPU's name failed:\n{out.stderr[-2000:]}")
+        rec["gpu"] = out.stdout.strip().splitlines()[-1]
+    return device, rec
 
 
 def init_weights(cfg):
@@ -331,7 +334,8 @@ def run_variant(variant, workdir, seconds, print_every):
         how = (f"killed after {seconds + GRACE_S:.0f} s (its share plus {GRACE_S} s)" if killed
                else f"exit status {p.returncode}" if p.returncode >= 0
                else f"killed by signal {-p.returncode} ({signal.Signals(-p.returncode).name})")
-        last = [ln for ln in tail if ln.strip()][-6:]
+        # the last lines of its output, with this checkout's path cut from tracebacks (records carry no local paths)
+        last = [ln.replace(ROOT + os.sep, "") for ln in tail if ln.strip()][-6:]
         rec.update(status="error", reason=f"{how} after {len(rec['losses'])} steps: " + " | ".join(last))
     elif p.returncode not in (0, None) and rec["status"] != "error":
         rec["status"], rec["reason"] = "error", f"exit status {p.returncode} after its outcome ({rec['reason']})"
@@ -460,10 +464,7 @@ def main(argv=None):
     if args.worker:
         return worker(args)
     started = time.monotonic()
-    info = probe()
-    device = args.device or ("cuda" if info["cuda_available"] else "cpu")
-    if device == "cuda" and not info["cuda_available"]:
-        raise SystemExit("benchmarks.loss_curves: --device cuda, but torch sees no GPU")
+    device, info = probe(args.device)
     from benchmarks.run import code_commit, machine_name
     machine = machine_name(info["gpu"] if device == "cuda" else None)
     out = args.out or os.path.join(ROOT, "benchmarks", "results", machine, "loss_curves")
