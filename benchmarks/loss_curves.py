@@ -438,8 +438,8 @@ def readme(record, command):
 GPT-2 (Hugging Face GPT2LMHeadModel from a config: {c['n_layer']} layers x {c['n_embd']}, {c['n_head']} heads,
 byte vocabulary 256, {record['parameters'] / 1e6:.1f}M parameters, no dropout) trained on the training CLI's offline
 corpus ({c['corpus_bytes']} bytes of the Python standard library's source), batch {c['batch']} x {c['seq']},
-AdamW betas (0.9, {c['beta2']}), weight decay {c['weight_decay']}, lr {c['lr']} after {c['warmup']} warm-up steps,
-cosine to {c['min_lr']} at step {c['steps']}, no gradient clipping. Every variant starts from the same weights
+AdamW betas (0.9, {c['beta2']}), weight decay {c['weight_decay']}, lr {c['lr']:g} after {c['warmup']} warm-up steps,
+cosine to {c['min_lr']:g} at step {c['steps']}, no gradient clipping. Every variant starts from the same weights
 (sha256 {record['init_sha256']}) and sees the same batches, each in its own process; the budget of {c['budget']:.0f} s
 was shared out as the run went (a variant stops at its share). Device: {d['name']}, torch {d['torch']},
 transformers {d['transformers']}.
