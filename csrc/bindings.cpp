@@ -6,7 +6,7 @@
 #include "kernels/attention.h"
 #include "ops/ops.h"
 #include "runtime.h"
-#include "stall_advice.h"
+#include "tiles/stall_advice.h"
 #include "task_trace.h"
 #include "tiles/tile_tensor.h"
 

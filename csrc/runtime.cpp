@@ -2,12 +2,7 @@
 #include "runtime.h"
 
 #include <cstring>
-#include <execinfo.h>
-#include <optional>
 #include <omp.h>
-#include <signal.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 // StarPU 1.3's starpu_disk.h lacks its own extern "C" guard (starpu.h includes it outside its own), so it must
 // be seen first, inside one.
 extern "C" {
@@ -24,18 +19,15 @@ extern "C" {
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <iomanip>
 #include <mutex>
-#include <sstream>
 #include <vector>
 
 #include <c10/util/Exception.h>
 
 #include "common.h"
 #include "cuda_device.h"
-#include "kernels/attention.h"
-#include "stall_advice.h"
-#include "tiles/tile_tensor.h"
+#include "crash_report.h"
+#include "settings.h"
 
 namespace nntile {
 
@@ -50,150 +42,11 @@ std::vector<std::function<void(bool)>> &hooks() {
     return h;
 }
 
-// Variables this module set or removed, with the value each had before (restored at shutdown, so that a restart
-// starts again from the user's environment).
-std::vector<std::pair<std::string, std::optional<std::string>>> env_saved;
-
-void remember_env(const char *name) {
-    for (auto &e : env_saved)
-        if (e.first == name) return;
-    const char *old = std::getenv(name);
-    env_saved.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-}
-
-void set_env(const char *name, const std::string &value) {
-    remember_env(name);
-    setenv(name, value.c_str(), 1);
-}
-
-void unset_env(const char *name) {
-    remember_env(name);
-    unsetenv(name);
-}
-
-void set_env_mib(const char *name, int64_t bytes) {
-    if (bytes < 0) return;
-    int64_t mib = bytes >> 20;
-    NNTILE_CHECK(mib >= 1, name << " must be at least 1 MiB (got " << bytes << " bytes)");
-    set_env(name, std::to_string(mib));
-}
-
-void set_env_int(const char *name, int value) { set_env(name, std::to_string(value)); }
-
-int env_int(const char *name) {
-    const char *v = std::getenv(name);
-    return v && *v ? std::atoi(v) : -1;
-}
-
-// The settings other threads need (runtime.h: watchdog_timeout_us, host_homes_setting), read by runtime_init.
-std::atomic<int64_t> watchdog_us{120000000};
-std::mutex settings_mutex;
-std::string host_homes_env;
-
-void read_settings() {
-    const char *t = std::getenv("STARPU_WATCHDOG_TIMEOUT");
-    watchdog_us.store(t && *t ? std::atoll(t) : 120000000LL);
-    const char *homes = std::getenv("NNTILE_HOST_HOMES");
-    {
-        std::lock_guard<std::mutex> lock(settings_mutex);
-        host_homes_env = homes ? homes : "";
-    }
-    const char *attention = std::getenv("NNTILE_ATTENTION");
-    const std::string a = attention ? attention : "";
-    kernels::set_attention_backend(a == "flash"       ? kernels::kFlash
-                                   : a == "efficient" ? kernels::kEfficient
-                                   : a == "cudnn"     ? kernels::kCudnn
-                                                      : -1);
-}
-
-// StarPU 1.3.10 throttles submission (task.c, starpu_task_submit) only when both variables are set (it asserts they
-// are not negative): above MAX pending tasks the submitting thread waits until MIN remain. Without a window a whole
-// training step is submitted ahead of its execution and the scheduler allocates and prefetches data for the tasks
-// it has queued; on a GPU that the model overfills, that held memory nothing could evict: GPT 13B at batch 16 on
-// one H200 took step 0 in 47 s and then no step in 106 s; per step with a window of 4,000: no second step in 150 s,
-// 2,000: 8.35 s, 1,000: 6.84 s, 500: 6.10 s. GPT-2 XL, which fits, does not notice (tokens/s within 2%).
-void set_submission_window(int max_tasks) {
-    const char *kMax = "STARPU_LIMIT_MAX_SUBMITTED_TASKS", *kMin = "STARPU_LIMIT_MIN_SUBMITTED_TASKS";
-    if (max_tasks == 0) {
-        unset_env(kMax);
-        unset_env(kMin);
-        return;
-    }
-    if (max_tasks < 0 && env_int(kMax) >= 0) {  // the user's window; their MAX alone would not throttle
-        if (env_int(kMin) < 0) set_env_int(kMin, env_int(kMax) * 4 / 5);
-        return;
-    }
-    const int n = max_tasks > 0 ? max_tasks : kDefaultSubmissionWindow;
-    set_env_int(kMax, n);
-    set_env_int(kMin, n * 4 / 5);
-}
 
 // StarPU's CPU workers each run one task at a time; BLAS inside a task must not start its own thread team
 // on top of them.
 void single_threaded_blas(void *) { omp_set_num_threads(1); }
 
-// A crash in native code (StarPU, a kernel) prints the crashing thread's native backtrace before the process dies:
-// the H200 runs beyond GPU memory died of SIGSEGV with nothing in the log. Each worker thread gets an alternate
-// signal stack, so that the report survives a stack overflow (the suspected cause there: nested evictions).
-struct sigaction previous_segv, previous_bus, previous_abrt;
-
-struct sigaction *previous_action(int sig) {
-    return sig == SIGSEGV ? &previous_segv : sig == SIGBUS ? &previous_bus : &previous_abrt;
-}
-std::atomic<int> crash_reported{0};
-
-void report_crash(int sig, siginfo_t *info, void *) {
-    if (crash_reported.exchange(1) != 0) {  // a handler chain that comes back here: let the signal kill
-        signal(sig, SIG_DFL);
-        raise(sig);
-        return;
-    }
-    char head[200];
-    int n = std::snprintf(head, sizeof head,
-                          "nntile_torch: fatal signal %d (%s) at address %p in thread %ld; native backtrace:\n", sig,
-                          sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : "SIGABRT", info != nullptr ? info->si_addr : nullptr,
-                          static_cast<long>(syscall(SYS_gettid)));
-    if (n > 0) (void)!write(2, head, static_cast<size_t>(n) < sizeof head ? n : sizeof head - 1);
-    void *frames[128];
-    backtrace_symbols_fd(frames, backtrace(frames, 128), 2);
-    sigaction(sig, previous_action(sig), nullptr);  // StarPU's, Python's (faulthandler), or default
-    raise(sig);
-}
-
-struct AltStack {
-    std::vector<char> memory;
-    AltStack() : memory(1 << 16) {
-        stack_t ss{};
-        ss.ss_sp = memory.data();
-        ss.ss_size = memory.size();
-        sigaltstack(&ss, nullptr);
-    }
-    ~AltStack() {
-        stack_t ss{};
-        ss.ss_flags = SS_DISABLE;
-        sigaltstack(&ss, nullptr);
-    }
-};
-
-void alt_stack_here(void *) { static thread_local AltStack stack; }
-
-void install_crash_report() {
-    void *warm[1];
-    backtrace(warm, 1);  // loads the unwinder now, not inside the handler
-    struct sigaction sa {};
-    sa.sa_sigaction = report_crash;
-    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
-    sigemptyset(&sa.sa_mask);
-    // SIGABRT too: an assertion in StarPU or a C++ exception escaping a worker thread names no frame otherwise
-    for (int sig : {SIGSEGV, SIGBUS, SIGABRT}) {
-        struct sigaction current {};
-        sigaction(sig, nullptr, &current);
-        if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == report_crash) continue;  // still ours
-        sigaction(sig, &sa, previous_action(sig));
-    }
-    alt_stack_here(nullptr);
-    starpu_execute_on_each_worker(alt_stack_here, nullptr, STARPU_CPU | STARPU_CUDA);
-}
 }  // namespace
 
 namespace {
@@ -278,82 +131,6 @@ void apply_placement() {
 }
 }  // namespace
 
-std::string stall_advice(const std::vector<NodeTiles> &nodes, bool has_disk, int max_window) {
-    // A node is at its limit within 3%; "outside live tiles" counts when it is over a quarter of the node, "only
-    // copies" when they fill over 60% of every node at its limit. Thresholds read off the H200 stalls of
-    // 2026-12-01 (large_models_v5, _v6): 13B batch 32, GPU 106.9 of 125.8 GiB outside live tiles; 20B batch 8,
-    // host 88.0 of 108.0 and GPU 107.5 of 125.8 GiB only copies, 20 and 18 GiB outside.
-    auto gib = [](int64_t b) { return (double)b / (1 << 30); };
-    std::ostringstream os;
-    os << std::fixed << std::setprecision(1);
-    std::vector<const NodeTiles *> full;
-    for (const auto &n : nodes)
-        if (n.total > 0 && n.used >= n.total - n.total / 33) full.push_back(&n);
-    if (full.empty())
-        return "No memory node is at its limit, so this is not StarPU failing to evict: a task waits for something "
-               "else (STARPU_WATCHDOG_CRASH=1 gives a backtrace).";
-    std::string outside;
-    for (const auto *n : full) {
-        const int64_t other = n->used - n->allocated;
-        if (other > n->total / 4) {
-            std::ostringstream o;
-            o << std::fixed << std::setprecision(1) << (outside.empty() ? "" : ", ") << n->name << " " << gib(other)
-              << " of " << gib(n->total) << " GiB";
-            outside += o.str();
-        }
-    }
-    bool all_sole = true;
-    for (const auto *n : full) all_sole = all_sole && n->sole * 5 > n->total * 3;
-    int limited = 0;
-    for (const auto &n : nodes) limited += n.total > 0;
-    const bool no_room = all_sole && (int)full.size() == limited;  // every limited node full of only copies
-    os << "At their limit: ";
-    for (size_t i = 0; i < full.size(); ++i) os << (i ? ", " : "") << full[i]->name;
-    os << ".";
-    if (!outside.empty()) {
-        os << " Memory held outside live tiles (buffers of tiles freed while tasks on them are pending, StarPU's "
-              "cache of freed buffers): "
-           << outside << ". Fewer tasks in flight bound it: a smaller submission window (init(max_submitted_tasks=";
-        if (max_window > 0)
-            os << max_window / 2 << "), now " << max_window << ").";
-        else
-            os << "1000), now none).";
-    }
-    if (no_room) {
-        os << " Every limited node is full of the only valid copies of live tiles: the step's data does not fit "
-              "with room to move it. ";
-        if (!has_disk) os << "Add a disk node (init(disk_path=..., disk_limit=...)) or make";
-        else os << "Make";
-        os << " it smaller: a smaller batch, AdamW(state_dtype=torch.bfloat16), activation checkpointing.";
-    }
-    if (outside.empty() && !no_room)
-        os << " StarPU 1.3.10 fails to evict there (docs/DESIGN.md, 'Runtime and memory'): use a smaller batch, a "
-              "smaller submission window (init(max_submitted_tasks=...)), AdamW(state_dtype=torch.bfloat16) or more "
-              "GPUs.";
-    return os.str();
-}
-
-std::string stall_advice_now() {
-    return stall_advice(memory_nodes_tiles(), disk_node_id >= 0, window.first);
-}
-
-namespace {
-// StarPU's watchdog calls this when no task finished for STARPU_WATCHDOG_TIMEOUT while tasks are pending. On the
-// H200, GPT models that overfill the GPU (13B on one, 13B and 20B on two) stalled like that in StarPU 1.3.10
-// (its eviction of written tiles to host RAM, and an allocation in host RAM, never completed): say so, with
-// what each memory node holds, instead of hanging in silence.
-void report_stall(void *) {
-    std::ostringstream os;
-    os << std::fixed << std::setprecision(1) << "nntile_torch: no StarPU task finished for "
-       << (double)watchdog_timeout_us() / 1e6 << " s (" << starpu_task_nsubmitted()
-       << " tasks pending, " << starpu_task_nready() << " ready). Memory nodes: " << memory_nodes_text() << ". "
-       << stall_advice_now()
-       << " STARPU_WATCHDOG_CRASH=1 aborts here instead of waiting; STARPU_WATCHDOG_TIMEOUT (microseconds) sets the "
-          "delay.\n";
-    std::fputs(os.str().c_str(), stderr);
-    std::fflush(stderr);
-}
-}  // namespace
 
 void runtime_init(const RuntimeConfig &cfg) {
     NNTILE_CHECK(!running, "StarPU runtime is already running");
@@ -391,7 +168,7 @@ void runtime_init(const RuntimeConfig &cfg) {
                                                        << (rc == -19 ? ": no worker available, check ncpus/ncuda" : "")
                                                        << ")");
     running = true;
-    starpu_task_watchdog_set_hook(report_stall, nullptr);
+    if (stall_report()) starpu_task_watchdog_set_hook(stall_report(), nullptr);
     if (cfg.cpu_tasks == 0 && starpu_cuda_worker_get_count() == 0) {
         runtime_shutdown(false);
         NNTILE_CHECK(false, "cpu_tasks=False needs a CUDA worker (none started)");
@@ -473,13 +250,7 @@ void runtime_shutdown(bool keep_data) {
     place_workers.clear();
     running = false;
     disk_node_id = -1;
-    for (auto &[name, old] : env_saved) {
-        if (old)
-            setenv(name.c_str(), old->c_str(), 1);
-        else
-            unsetenv(name.c_str());
-    }
-    env_saved.clear();
+    restore_env();
     if (!pending.first.empty()) throw_task_error(pending);
     if (!during.first.empty()) throw_task_error(during);
     if (failed) std::rethrow_exception(failed);
@@ -490,6 +261,15 @@ const RuntimeConfig &runtime_config() { return config; }
 std::pair<int, int> submission_window() { return window; }
 int disk_node() { return disk_node_id; }
 void add_shutdown_hook(std::function<void(bool)> hook) { hooks().push_back(std::move(hook)); }
+
+void (*&stall_report())(void *) {
+    static void (*report)(void *) = nullptr;
+    return report;
+}
+void set_stall_report(void (*report)(void *)) {
+    stall_report() = report;
+    if (running) starpu_task_watchdog_set_hook(report, nullptr);
+}
 
 namespace {
 // Whether a kernel's error is a failed allocation: torch's CUDA allocator throws c10::OutOfMemoryError ("CUDA out of
@@ -519,13 +299,6 @@ void raise_task_error() {
     if (!task_failed.load()) return;
     const auto e = take_task_error();
     if (!e.first.empty()) throw_task_error(e);
-}
-
-int64_t watchdog_timeout_us() { return watchdog_us.load(); }
-
-std::string host_homes_setting() {
-    std::lock_guard<std::mutex> lock(settings_mutex);
-    return host_homes_env;
 }
 
 // Every submission passes here: a task that failed since is raised now, by the next op of the submitting thread,

@@ -1,9 +1,12 @@
-// StarPU runtime lifetime (init/shutdown) and the counters that prove the task stream stays asynchronous.
+// StarPU runtime lifetime (init/shutdown), task placement, task errors and the counters that prove the task stream
+// stays asynchronous. The environment it reads and sets: settings.h; the crash report: crash_report.h.
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
+
+#include "settings.h"
 
 struct starpu_codelet;
 
@@ -32,7 +35,6 @@ struct RuntimeConfig {
     // (and _MIN) if set, else kDefaultSubmissionWindow; 0 = no window.
     int max_submitted_tasks = -1;
 };
-constexpr int kDefaultSubmissionWindow = 1000;
 
 void runtime_init(const RuntimeConfig &cfg);
 // keep_data: tile tensors still alive keep a dense copy and get their tiles back after the next init.
@@ -71,6 +73,10 @@ unsigned long long hinted_where();
 
 // Called first thing in runtime_shutdown(), while StarPU still runs (tile tensors save and drop handles).
 void add_shutdown_hook(std::function<void(bool keep_data)> hook);
+// What StarPU's watchdog calls when no task finishes while tasks are pending (tiles/stall_report.cpp sets it, so the
+// runtime needs nothing of the tiles); set as the watchdog's hook at every init.
+void set_stall_report(void (*report)(void *));
+void (*&stall_report())(void *);
 
 // A task that failed records its error here (the first since the last raise); the next submission or wait of the
 // submitting thread raises it and clears it, and so does runtime_shutdown(), so an error never outlives the
@@ -79,13 +85,6 @@ void add_shutdown_hook(std::function<void(bool keep_data)> hook);
 // the task, with what to change.
 void record_task_error(const char *op, const char *what);
 void raise_task_error();
-
-// What nntile reads from the environment while the runtime runs, read once by runtime_init on the thread that starts
-// it, before StarPU's threads exist. Worker, watchdog and monitor threads use these, never getenv: glibc's setenv
-// (the user's, os.environ's, or the runtime's own at init and shutdown) may free the array a concurrent getenv
-// walks.
-int64_t watchdog_timeout_us();     // STARPU_WATCHDOG_TIMEOUT as StarPU's watchdog read it (default 2 minutes)
-std::string host_homes_setting();  // NNTILE_HOST_HOMES ("" when unset)
 
 void count_task();
 void count_wait();

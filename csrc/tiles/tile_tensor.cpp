@@ -1,142 +1,25 @@
-// Tiled tensor: handle registration, dense conversion and the registry used at runtime shutdown.
+// Tiled tensor: handle registration and the copies between tiles and dense tensors. The registry of live tensors and
+// their bytes: registry.cpp; home buffers: host_homes.cpp; the monitor of host waits: host_waits.cpp.
 #include "tile_tensor.h"
 
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <iomanip>
-#include <map>
 #include <mutex>
-#include <sstream>
-#include <thread>
-#include <unordered_set>
 
+#include "../codelets/zero_fill.h"
 #include "../cuda_device.h"
 #include "../runtime.h"
+#include "host_waits.h"
+#include "registry.h"
 #ifdef NNTILE_USE_CUDA
 #include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace nntile {
 
+using namespace detail;
+
 namespace {
-
-std::unordered_set<TileTensor *> &live() {
-    static std::unordered_set<TileTensor *> s;
-    return s;
-}
-
-// Guards live() and the handles_ of every tensor in it: tile tensors come and go on torch's autograd thread as well,
-// and the stall report walks their handles from StarPU's watchdog thread (so ensure_handles and release_handles
-// change handles_ under it too).
-std::mutex &live_mutex() {
-    static std::mutex m;
-    return m;
-}
-
-std::vector<TileTensor *> live_snapshot() {
-    std::lock_guard<std::mutex> lock(live_mutex());
-    return {live().begin(), live().end()};
-}
-
-// Bytes of all tiles with registered handles: one copy of each must fit somewhere.
-std::atomic<int64_t> &live_bytes() {
-    static std::atomic<int64_t> b{0};
-    return b;
-}
-
-std::atomic<int64_t> &stream_syncs() {
-    static std::atomic<int64_t> n{0};
-    return n;
-}
-
-std::atomic<int64_t> &peak_bytes() {
-    static std::atomic<int64_t> b{0};
-    return b;
-}
-
-void note_peak(int64_t total) {
-    int64_t seen = peak_bytes().load();
-    while (total > seen && !peak_bytes().compare_exchange_weak(seen, total)) {
-    }
-}
-
-int64_t bytes_of(const TileTensor &t) { return t.numel() * (int64_t)dtype_size(t.dtype()); }
-
-// The value of a tile read before anything wrote it (TileTensor.empty never filled): zeros. Without an
-// initializer StarPU aborts the process on such a read ("handle ... is not initialized"), e.g. printing an empty
-// tensor or runtime shutdown keeping the values of a live one; with it, a host read runs this codelet first, and
-// a task reading the tile gets its buffer as allocated (undefined values, as torch.empty's).
-void zero_fill_cpu(void *buffers[], void *) {
-    std::memset((void *)STARPU_VECTOR_GET_PTR(buffers[0]), 0,
-                (size_t)STARPU_VECTOR_GET_NX(buffers[0]) * STARPU_VECTOR_GET_ELEMSIZE(buffers[0]));
-}
-
-#ifdef NNTILE_USE_CUDA
-void zero_fill_cuda(void *buffers[], void *) {
-    cudaMemsetAsync((void *)STARPU_VECTOR_GET_PTR(buffers[0]), 0,
-                    (size_t)STARPU_VECTOR_GET_NX(buffers[0]) * STARPU_VECTOR_GET_ELEMSIZE(buffers[0]),
-                    starpu_cuda_get_local_stream());
-}
-#endif
-
-starpu_codelet *zero_fill_codelet() {
-    static starpu_codelet cl = [] {
-        starpu_codelet c;
-        std::memset(&c, 0, sizeof(c));
-        c.name = "nntile_zero_fill";
-        c.cpu_funcs[0] = zero_fill_cpu;
-#ifdef NNTILE_USE_CUDA
-        c.cuda_funcs[0] = zero_fill_cuda;
-        c.cuda_flags[0] = STARPU_CUDA_ASYNC;
-#endif
-        c.nbuffers = 1;
-        c.modes[0] = STARPU_W;
-        return c;
-    }();
-    return &cl;
-}
-
-// What the memory nodes can hold together: host limit, disk node, the GPUs' shares. host < 0: no host limit
-// (then the operating system decides, and nothing is checked).
-struct Capacity {
-    int64_t host = -1, disk = 0, gpus = 0;
-    int64_t total() const { return host + disk + gpus; }
-};
-
-Capacity capacity() {
-    const RuntimeConfig &c = runtime_config();
-    Capacity cap;
-    if (c.host_memory_limit <= 0) return cap;
-    cap.host = c.host_memory_limit;
-    if (disk_node() >= 0 && c.disk_limit > 0) cap.disk = c.disk_limit;
-#ifdef NNTILE_USE_CUDA
-    if (c.cuda_memory_limit > 0) cap.gpus = c.cuda_memory_limit * (int64_t)starpu_cuda_worker_get_count();
-#endif
-    return cap;
-}
-
-void install_shutdown_hook() {
-    static bool done = [] {
-        add_shutdown_hook([](bool keep_data) {
-            // Every tensor lets go of its handles before StarPU stops, even when another's values cannot be saved.
-            std::exception_ptr failed;
-            for (TileTensor *t : live_snapshot()) {
-                try {
-                    t->release_handles(keep_data);
-                } catch (...) {
-                    if (!failed) failed = std::current_exception();
-                }
-            }
-            if (failed) std::rethrow_exception(failed);
-        });
-        return true;
-    }();
-    (void)done;
-}
 
 at::ScalarType scalar_type(DType t) { return t == DType::f32 ? at::kFloat : t == DType::bf16 ? at::kBFloat16 : at::kLong; }
 
@@ -159,94 +42,6 @@ int cuda_node_of(int dev) {
 #endif
     return -1;
 }
-
-// Host threads waiting to acquire a tile. StarPU's watchdog reports only when tasks are pending and none finishes;
-// an acquisition that never completes with no task pending stayed silent (H200, 2026-12-01: from_dense of a CUDA
-// input into a GPU share of 24 MiB). A monitor thread, started with the first wait and idle while
-// there is none, reports every wait that lasts past STARPU_WATCHDOG_TIMEOUT, once, with the memory nodes.
-struct HostWaitInfo {
-    std::chrono::steady_clock::time_point start;
-    int node;
-    bool write;
-};
-struct HostWaits {
-    std::mutex m;
-    std::condition_variable cv;
-    std::map<uint64_t, HostWaitInfo> waits;
-    uint64_t next = 0;
-    bool started = false;
-};
-HostWaits &host_waits() {
-    static auto *w = new HostWaits;  // never destroyed: the monitor thread may outlive main
-    return *w;
-}
-
-std::chrono::microseconds wait_report_delay() {
-    return std::chrono::microseconds(std::max<int64_t>(watchdog_timeout_us(), 1000));  // not getenv: runtime.h
-}
-
-void monitor_host_waits() {
-    auto &w = host_waits();
-    std::unordered_set<uint64_t> reported;
-    std::unique_lock<std::mutex> lock(w.m);
-    for (;;) {
-        if (w.waits.empty()) {
-            reported.clear();
-            w.cv.wait(lock, [&] { return !w.waits.empty(); });
-        }
-        const auto delay = wait_report_delay();
-        w.cv.wait_for(lock, std::min<std::chrono::microseconds>(delay / 4, std::chrono::seconds(1)));
-        std::vector<std::string> late;
-        const auto now = std::chrono::steady_clock::now();
-        for (auto &[id, wait] : w.waits) {
-            if (now - wait.start < delay || !reported.insert(id).second) continue;
-            std::ostringstream os;
-            os << std::fixed << std::setprecision(1) << "nntile_torch: a host thread has waited "
-               << std::chrono::duration<double>(now - wait.start).count() << " s for a tile on memory node "
-               << wait.node << (wait.write ? " (to write it)" : " (to read it)");
-            late.push_back(os.str());
-        }
-        if (late.empty()) continue;
-        lock.unlock();  // memory_nodes_text takes the live-tensor lock
-        const std::string nodes = runtime_running() ? memory_nodes_text() : std::string("(runtime stopped)");
-        const int pending = starpu_task_nsubmitted();
-        for (auto &msg : late) {
-            const char *why = pending == 0 ? ". No task is pending: StarPU cannot make room for the tile on that node."
-                                           : ". It waits for the tasks before it.";
-            std::string line = msg + " (" + std::to_string(pending) + " tasks pending). Memory nodes: " + nodes + why +
-                               " Reported once per wait, after STARPU_WATCHDOG_TIMEOUT.\n";
-            std::fputs(line.c_str(), stderr);
-        }
-        std::fflush(stderr);
-        lock.lock();
-    }
-}
-
-// While alive, the calling thread's wait for a tile on `node` is known to the monitor.
-class HostWait {
-  public:
-    HostWait(int node, bool write) {
-        auto &w = host_waits();
-        std::lock_guard<std::mutex> lock(w.m);
-        if (!w.started) {
-            std::thread(monitor_host_waits).detach();
-            w.started = true;
-        }
-        id_ = w.next++;
-        w.waits.emplace(id_, HostWaitInfo{std::chrono::steady_clock::now(), node, write});
-        w.cv.notify_all();
-    }
-    ~HostWait() {
-        auto &w = host_waits();
-        std::lock_guard<std::mutex> lock(w.m);
-        w.waits.erase(id_);
-    }
-    HostWait(const HostWait &) = delete;
-    HostWait &operator=(const HostWait &) = delete;
-
-  private:
-    uint64_t id_ = 0;
-};
 
 // Copies between a tile and a dense block, on `node` (main RAM or the GPU of `device`), with the tile acquired
 // in `mode`. GPU copies run on torch's current stream, synchronized before the tile is released. Returns whether
@@ -521,139 +316,6 @@ void TileTensor::invalidate() {
     for (auto h : handles_) starpu_data_invalidate_submit(h);
 }
 
-int64_t tile_bytes() { return live_bytes().load(); }
-int64_t torch_stream_syncs() { return stream_syncs().load(); }
-int64_t peak_tile_bytes() { return peak_bytes().load(); }
-void reset_peak_tile_bytes() { peak_bytes().store(live_bytes().load()); }
-
-std::vector<LiveTileTensor> live_tile_tensors() {
-    std::vector<LiveTileTensor> out;
-    std::lock_guard<std::mutex> lock(live_mutex());
-    for (const TileTensor *t : live())
-        if (t->registered()) out.push_back({t->name(), dtype_name(t->dtype()), bytes_of(*t)});
-    return out;
-}
-
-namespace {
-
-std::atomic<int64_t> &homed_bytes() {
-    static std::atomic<int64_t> b{0};
-    return b;
-}
-
-// Pinned (cudaHostAlloc when CUDA workers run: asynchronous copies), counted against StarPU's host limit, and
-// failing instead of evicting when that limit is reached (the tensor then goes without homes).
-constexpr int kHomeFlags = STARPU_MALLOC_PINNED | STARPU_MALLOC_COUNT | STARPU_MALLOC_NORECLAIM;
-
-size_t tile_bytes_of(const TileTensor &t, int64_t linear) {
-    return (size_t)t.tile_numel(linear) * dtype_size(t.dtype());
-}
-
-}  // namespace
-
-int64_t host_home_budget() {
-    const std::string setting = host_homes_setting();  // read at init (runtime.h), not getenv on this thread
-    const char *v = setting.c_str();
-    if (!*v) return 0;
-    char *end = nullptr;
-    double x = std::strtod(v, &end);
-    std::string unit = end ? std::string(end) : std::string();
-    if (unit.empty() && x == 1.0) {  // 1: most of StarPU's host node, leaving room for tiles without homes
-        starpu_ssize_t total = starpu_memory_get_total(STARPU_MAIN_RAM);
-        return total > 0 ? (int64_t)(0.85 * (double)total) : 0;
-    }
-    const std::pair<const char *, double> units[] = {{"", 1.0}, {"B", 1.0}, {"KiB", 1024.0}, {"MiB", 1048576.0},
-                                                     {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
-    for (const auto &u : units)
-        if (unit == u.first) return (int64_t)(x * u.second);
-    NNTILE_CHECK(false, "NNTILE_HOST_HOMES must be 0, 1 or a size such as 90GiB (got '" << v << "')");
-    return 0;
-}
-
-int64_t host_homed_bytes() { return homed_bytes().load(); }
-
-bool TileTensor::allocate_homes() {
-    const int64_t budget = host_home_budget(), bytes = bytes_of(*this);
-    if (budget <= 0) return false;
-    if (homed_bytes().fetch_add(bytes) + bytes > budget) {
-        homed_bytes().fetch_sub(bytes);
-        return false;
-    }
-    homes_.assign(ntiles(), nullptr);
-    for (int64_t t = 0; t < ntiles(); ++t) {
-        if (starpu_malloc_flags(&homes_[t], tile_bytes_of(*this, t), kHomeFlags) != 0) {
-            homes_[t] = nullptr;
-            free_homes();  // the host limit is reached: this tensor goes without homes
-            return false;
-        }
-    }
-    return true;
-}
-
-void TileTensor::free_homes() {
-    if (homes_.empty()) return;
-    for (int64_t t = 0; t < (int64_t)homes_.size(); ++t)
-        if (homes_[t]) starpu_free_flags(homes_[t], tile_bytes_of(*this, t), kHomeFlags);
-    homes_.clear();
-    homed_bytes().fetch_sub(bytes_of(*this));
-}
-
-std::vector<NodeTiles> memory_nodes_tiles() {
-    const unsigned nnodes = starpu_memory_nodes_get_count();
-    std::vector<NodeTiles> out(nnodes);
-    for (unsigned n = 0; n < nnodes; ++n) {
-        char name[64];
-        starpu_memory_node_get_name(n, name, sizeof name);
-        out[n].name = name;
-        out[n].total = starpu_memory_get_total(n);
-        if (out[n].total > 0) out[n].used = out[n].total - starpu_memory_get_available(n);
-    }
-    std::lock_guard<std::mutex> lock(live_mutex());  // a tensor being destroyed waits here, so its handles stay
-    for (const TileTensor *t : live()) {
-        for (auto h : t->handles_) {
-            const int64_t bytes = (int64_t)starpu_data_get_size(h);
-            const int home = starpu_data_get_home_node(h);
-            if (home >= 0 && home < (int)nnodes) out[home].homes += bytes;
-            int nvalid = 0, last = -1;
-            for (unsigned n = 0; n < nnodes; ++n) {
-                // StarPU reads these without its lock ("just a hint"): exact when nothing moves, as in a stall.
-                int allocated = 0, valid = 0;
-                starpu_data_query_status(h, (int)n, &allocated, &valid, nullptr);
-                if (allocated) out[n].allocated += bytes;
-                if (valid) {
-                    out[n].valid += bytes;
-                    ++nvalid;
-                    last = (int)n;
-                } else if (allocated) {
-                    out[n].stale += bytes;
-                }
-            }
-            if (nvalid == 1) out[last].sole += bytes;
-        }
-    }
-    return out;
-}
-
-std::string memory_nodes_text() {
-    auto gib = [](int64_t b) { return (double)b / (1 << 30); };
-    std::ostringstream os;
-    os << std::fixed << std::setprecision(1);
-    bool first = true;
-    for (const auto &n : memory_nodes_tiles()) {
-        os << (first ? "" : "; ") << n.name << ": ";
-        first = false;
-        if (n.total > 0)
-            os << gib(n.used) << " of " << gib(n.total) << " GiB used";
-        else
-            os << "no limit";
-        os << ", tile buffers " << gib(n.allocated) << " GiB (valid " << gib(n.valid) << ", the only valid copy "
-           << gib(n.sole) << ", stale " << gib(n.stale) << (n.homes ? ", homes " : "");
-        if (n.homes) os << gib(n.homes);
-        os << ")";
-        if (n.total > 0) os << ", other " << gib(n.used - n.allocated) << " GiB";
-    }
-    return os.str();
-}
 
 void TileTensor::release_handles(bool keep_data) {
     if (handles_.empty()) return;

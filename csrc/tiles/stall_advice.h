@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "tiles/tile_tensor.h"
+#include "tile_tensor.h"
 
 namespace nntile {
 
