@@ -17,7 +17,7 @@ MANUAL_NNTILE_FLAGS = {"ckpt", "stepbwd", "bf16state", "offload", "noplan"}
 GPT2_VOCAB = 50257
 
 # Environment variables that are not an attempt's settings: where StarPU's perf models live, its output, and the
-# StarPU build the extension came from (scripts/h200.sh exports it).
+# StarPU build the extension came from (dev/gpu_machine/h200.sh exports it).
 NOT_SETTINGS = ("STARPU_HOME", "STARPU_SILENT", "STARPU_PREFIX")
 
 

@@ -327,8 +327,8 @@ def signal_reason(rc):
 
 
 def code_commit(root=ROOT):
-    """The commit of the code under test, for the records: $BENCH_CODE_COMMIT when set (scripts/h200.sh sets it
-    from .carry/code_commit, which scripts/prepare_carry.sh writes: the GPU machine's copy of the tree may hold a
+    """The commit of the code under test, for the records: $BENCH_CODE_COMMIT when set (dev/gpu_machine/h200.sh sets it
+    from .carry/code_commit, which dev/gpu_machine/prepare_carry.sh writes: the GPU machine's copy of the tree may hold a
     .git of an older commit, whose HEAD "+changes" is what it read there on 12-01), else git's HEAD in a checkout
     (with "+changes" when tracked files differ from it), else the text of .carry/code_commit, else None."""
     if os.environ.get("BENCH_CODE_COMMIT"):
@@ -369,7 +369,7 @@ def precheck(a, cpu_only, args, world):
     """Why the attempt cannot run here, found without starting it (the worker checks again), or None."""
     flags = a["variant"].split("+")
     if a["backend"] == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
-        return "deepspeed is not installed (pip install deepspeed; see scripts/h200.sh for carried wheels)"
+        return "deepspeed is not installed (pip install deepspeed; see dev/gpu_machine/h200.sh for carried wheels)"
     if a["backend"] == "nntile" and importlib.util.find_spec("nntile_torch") is None:
         return "nntile_torch is not importable"
     if cpu_only and a["backend"] in ("fsdp", "fsdp2") and "offload" in flags:

@@ -531,12 +531,12 @@ def test_code_commit_from_git_or_from_the_carried_file(tmp_path, monkeypatch):
                          check=False)
     if git.returncode == 0:  # a checkout (CI clones one): HEAD, marked when tracked files differ
         assert code_commit().split("+")[0] == git.stdout.strip()
-    # A copy of the tree without .git (the GPU machine's): what scripts/prepare_carry.sh wrote, or nothing.
+    # A copy of the tree without .git (the GPU machine's): what dev/gpu_machine/prepare_carry.sh wrote, or nothing.
     assert code_commit(str(tmp_path)) is None
     (tmp_path / ".carry").mkdir()
     (tmp_path / ".carry" / "code_commit").write_text("abc1234+changes\n")
     assert code_commit(str(tmp_path)) == "abc1234+changes"
-    monkeypatch.setenv("BENCH_CODE_COMMIT", "def5678")  # scripts/h200.sh's, which wins over a stale .git
+    monkeypatch.setenv("BENCH_CODE_COMMIT", "def5678")  # dev/gpu_machine/h200.sh's, which wins over a stale .git
     assert code_commit(str(tmp_path)) == code_commit() == "def5678"
 
 

@@ -4,15 +4,15 @@
 # kernel), nodes (memory as StarPU sees it), gemm, submission, linear, ab (benchmarks), train (main job), mlp,
 # profile, multigpu, bench (the harness, plans in BENCH_ARGS).
 # Logs go to $OUT.
-#   bash scripts/h200.sh tests gemm
+#   bash dev/gpu_machine/h200.sh tests gemm
 # STARPU_VERSION=1.4 runs the same steps on StarPU 1.4.10 (carried in .carry/starpu14) instead of 1.3.10: logs
 # under $OUT/starpu14, its own STARPU_HOME (kernel models seeded from the carried 1.3.10 home, the same file format,
 # 45; no bus figures, so 1.4 calibrates the bus) and prebuilt extension key. An A/B in one call:
-#   bash scripts/h200.sh bench; STARPU_VERSION=1.4 bash scripts/h200.sh bench
+#   bash dev/gpu_machine/h200.sh bench; STARPU_VERSION=1.4 bash dev/gpu_machine/h200.sh bench
 # The harness's model families and variants pass through BENCH_ARGS (plans joined by ';'), e.g.
 #   BENCH_ARGS="--model hf,hf-tanh --backend nntile,torch:compile,fsdp2:compile --config xl --steps 3" \
-#     bash scripts/h200.sh bench
-# Prepare the carry here first: bash scripts/prepare_carry.sh
+#     bash dev/gpu_machine/h200.sh bench
+# Prepare the carry here first: bash dev/gpu_machine/prepare_carry.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/nntile_out}
 case ${STARPU_VERSION:-1.3.10} in
@@ -26,7 +26,7 @@ mkdir -p "$OUT"
 if [ -d "$carried" ] && [ ! -f "$prefix/.nntile_build" ]; then
   mkdir -p "$(dirname "$prefix")" && cp -a "$carried" "$prefix"
 fi
-[ -f "$prefix/.nntile_build" ] || { echo "no StarPU in $prefix (carry $carried: scripts/prepare_carry.sh)"; exit 1; }
+[ -f "$prefix/.nntile_build" ] || { echo "no StarPU in $prefix (carry $carried: dev/gpu_machine/prepare_carry.sh)"; exit 1; }
 echo "StarPU: $prefix ($(cat "$prefix/.nntile_build"))"
 export STARPU_PREFIX=$prefix  # setup.py builds against it
 export LD_LIBRARY_PATH=$prefix/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
@@ -35,7 +35,7 @@ export STARPU_HOME=$PWD/.starpu_home${tag:+_$tag} PYTHONUNBUFFERED=1
 [ -f .carry/code_commit ] && export BENCH_CODE_COMMIT=$(cat .carry/code_commit)
 mkdir -p "$STARPU_HOME"
 # torch.compile's kernels (the harness's compile variants; GPT-2 XL compiles for ~100 s the first time): a folder that
-# a warm machine keeps between calls, seeded from .carry/inductor (scripts/prepare_carry.sh, from the
+# a warm machine keeps between calls, seeded from .carry/inductor (dev/gpu_machine/prepare_carry.sh, from the
 # inductor_cache.tgz a bench call returns)
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/nntile_inductor}
 if [ -d .carry/inductor ] && [ ! -f "$TORCHINDUCTOR_CACHE_DIR/.seeded" ]; then
@@ -52,7 +52,7 @@ elif [ -d .carry/starpu_home/.starpu/sampling/codelets ]; then
 fi
 t0=$(date +%s)
 # The extension built by an earlier call comes back under $OUT/prebuilt/<key> (debug info stripped: ~1 MB);
-# scripts/prepare_carry.sh puts it in .carry/prebuilt, and a call whose sources and torch match skips the build.
+# dev/gpu_machine/prepare_carry.sh puts it in .carry/prebuilt, and a call whose sources and torch match skips the build.
 key=$( (find csrc -type f -print0 | sort -z | xargs -0 cat; cat setup.py;
         python3 -c "import sys, torch; print(torch.__version__, sys.version)"
         [ -n "$tag" ] && cat "$prefix/.nntile_build") | sha256sum | cut -c1-16)  # 1.3.10's keys as before

@@ -6,15 +6,15 @@
 # the GPU machine may lack: Debian's libaio-dev and its library package, unpacked. And .carry/code_commit, the
 # commit the harness records (the GPU machine's copy has no .git).
 # StarPU 1.4 too, when built here (STARPU_VERSION=1.4 bash scripts/install_starpu.sh): .carry/starpu14, the library
-# without its debug info (1.8 of 14 MB), for `STARPU_VERSION=1.4 bash scripts/h200.sh ...`; STARPU14_HOME_TGZ: the
+# without its debug info (1.8 of 14 MB), for `STARPU_VERSION=1.4 bash dev/gpu_machine/h200.sh ...`; STARPU14_HOME_TGZ: the
 # starpu14/starpu_home.tgz such a run returned (its models; without it, 1.4 starts from 1.3.10's kernel models).
 # INDUCTOR_TGZ: the inductor_cache.tgz a bench call with compile variants returned, unpacked into .carry/inductor
-# (scripts/h200.sh seeds TORCHINDUCTOR_CACHE_DIR from it: torch.compile then reuses its kernels).
-#   bash scripts/prepare_carry.sh [starpu_home.tgz [prebuilt_dir]]
+# (dev/gpu_machine/h200.sh seeds TORCHINDUCTOR_CACHE_DIR from it: torch.compile then reuses its kernels).
+#   bash dev/gpu_machine/prepare_carry.sh [starpu_home.tgz [prebuilt_dir]]
 set -euo pipefail
 prefix=${STARPU_PREFIX:-/opt/nntile_torch/starpu-1.3.10}
 prefix14=${STARPU14_PREFIX:-/opt/nntile_torch/starpu-1.4.10}
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 hw=$(ldconfig -p | awk '/libhwloc.so.15 /{print $NF; exit}')
 rm -rf .carry/starpu && mkdir -p .carry/starpu/lib
 cp -a "$prefix/include" "$prefix/.nntile_build" .carry/starpu/
