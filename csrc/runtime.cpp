@@ -156,6 +156,11 @@ void runtime_init(const RuntimeConfig &cfg) {
     read_settings();  // the last getenv of nntile's before StarPU's threads start
     window = {env_int("STARPU_LIMIT_MAX_SUBMITTED_TASKS"), env_int("STARPU_LIMIT_MIN_SUBMITTED_TASKS")};
     if (window.first < 0 || window.second < 0) window = {-1, -1};
+    // Host buffers StarPU allocates for tiles come 64-byte aligned, as torch's own CPU tensors do (plain malloc
+    // otherwise: 16 bytes, or whatever the heap gives). MKL takes different code paths for differently aligned
+    // operands, so a CPU GEMM on the same values could round differently depending on where StarPU put a tile:
+    // with this, results do not depend on allocation history (host homes, eviction, a restart).
+    starpu_malloc_set_align(64);
     starpu_conf conf;
     NNTILE_STARPU_CHECK(starpu_conf_init(&conf), "starpu_conf_init");
     conf.ncpus = cfg.ncpus;
