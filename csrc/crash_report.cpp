@@ -15,7 +15,7 @@ namespace nntile {
 
 namespace {
 // A crash in native code (StarPU, a kernel) prints the crashing thread's native backtrace before the process dies:
-// the H200 runs beyond GPU memory died of SIGSEGV with nothing in the log. Each worker thread gets an alternate
+// without it, runs beyond GPU memory that died of SIGSEGV left nothing in the log. Each worker thread gets an alternate
 // signal stack, so that the report survives a stack overflow (the suspected cause there: nested evictions).
 struct sigaction previous_segv, previous_bus, previous_abrt;
 

@@ -4,8 +4,8 @@ import os
 import torch
 
 # Tile edge in elements for weight dimensions of modules built directly (nt.nn.Linear(...); convert() picks its
-# own from the model's width: weight_tile): 1024 x 1024 fp32 is a 4 MiB tile, the size from which the H200 box's
-# PCIe runs near full speed.
+# own from the model's width: weight_tile): 1024 x 1024 fp32 is a 4 MiB tile, about the size from which PCIe copies
+# run near full speed (docs/measurements.md, "Tile sizes").
 DEFAULT_TILE_SIZE = 1024
 # Rows (batch x sequence positions) per activation tile.
 DEFAULT_BATCH_TILE_SIZE = 1024
@@ -22,9 +22,8 @@ def weight_tile(width, cuda, beyond_gpu=False):
     """Default weight tile edge for a GPT-2 of hidden size `width` (convert()'s, when none is given): 3 x width at
     least, so that LayerNorm's rows and attention's q, k, v rows sit in one tile and run as tile tasks. On GPUs,
     when every tile stays there (no memory plan beyond GPU memory), 4 x width: the MLP's weights (4 width x width)
-    are then one tile each, so each MLP matmul, its bias and its casts are one task instead of two (GPT-2 XL bf16
-    batch 8 on the H200: 0.339 -> 0.322 s per step). Beyond GPU memory the plan's streaming was measured with
-    3 x width, which it keeps."""
+    are then one tile each, so each MLP matmul, its bias and its casts are one task instead of two. Beyond GPU memory the plan's
+    streaming was measured with 3 x width, which it keeps (docs/measurements.md, "Tile sizes")."""
     return max(1024, (4 if cuda and not beyond_gpu else 3) * width)
 
 

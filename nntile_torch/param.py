@@ -187,8 +187,7 @@ class ParamState:
 
     def bf16_copy_for_update(self):
         """New bf16 tiles for the update to write the next weight version's copy into, in its own task, or None.
-        The same values as a conversion after it, one pass over the weight and one task per tile less (GPT-2 XL on
-        the H200: 200 tasks and ~7 ms of a 0.31 s step); the memory plan's streaming fetches it ahead of the next
+        The same values as a conversion after it, one pass over the weight and one task per tile less; the memory plan's streaming fetches it ahead of the next
         forward. Only for a float32 master whose copy is kept and was made at least once (one made per use is never
         kept; a bf16 master is its own copy)."""
         t = self.tiles

@@ -311,8 +311,8 @@ def _say_fixes(fixes, host_checkpoints_fit=False):
         elif "step_in_backward" in f:
             said.append("step_in_backward=True (updates inside backward: not every gradient at once)")
     if host_checkpoints_fit:
-        said.append("host_checkpoints=True (checkpointing's block inputs in host RAM; experimental: it stalled at "
-                    "13B batch 96 on the H200)")
+        said.append("host_checkpoints=True (checkpointing's block inputs in host RAM; experimental: it stalled in "
+                    "a 13B run)")
     if not said:
         return " No single change of batch, pinned choice or memory tier makes it fit."
     return " What would make it fit, each alone: " + ", or ".join(said) + "."

@@ -333,8 +333,8 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     bf16_per_use=False keeps them (the same values either way). With checkpointing and a GPU, the blocks' inputs (what
     checkpointing keeps, 4 x width bytes per token and block) can be homed in host RAM, each copied there once the
     GPU is past its block and fetched back ahead of its recompute: host_checkpoints=True asks for it (the same
-    values either way); the plan does not choose it by itself (it stalled in the one GPU run that needed it, 13B at
-    batch 96 on the H200), but the error names it when it would make the model fit.
+    values either way); the plan does not choose it by itself (it stalled in the one GPU run that needed it:
+    docs/measurements.md), but the error names it when it would make the model fit.
     Raises InsufficientMemoryError, before anything is allocated, when none fits, saying how many bytes are missing
     where and what would make it fit (each change it names checked by planning again with it: seconds at 30B)."""
     facts, cap, rates, (option, tiers, traffic, times), alternatives = choose(

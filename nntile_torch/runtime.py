@@ -96,7 +96,7 @@ def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, di
 
 
 # NNTILE_ATTENTION (read by init): bf16 causal attention on GPUs with torch's choice of fused kernel ("" or "auto",
-# cuDNN's on the H200), or with the one named (an A/B between them in one call; csrc/kernels/attention.cpp).
+# cuDNN's on Hopper), or with the one named (an A/B between them in one call; csrc/kernels/attention.cpp).
 ATTENTION_KERNELS = ("", "auto", "cudnn", "flash", "efficient")
 
 
@@ -111,8 +111,8 @@ def default_host_memory_limit(total=None):
     """StarPU's host-RAM node when GPUs run and init gets no host_memory_limit: the machine's RAM (or its cgroup's
     limit, if lower) less max(16 GiB, 1/8 of it), at least half of it. The rest is the process's own (torch,
     Python, CUDA's pinned buffers) and the system's. With a limit, tiles beyond every memory node raise "out of
-    memory" when created; without one, StarPU fills the RAM and the kernel's OOM killer ends the process (13B at
-    batch 16 on the H200: SIGKILL at 122.6 GiB RSS). The H200 machine: 125.8 GiB of RAM -> 109.8 GiB."""
+    memory" when created; without one, StarPU fills the RAM and the kernel's OOM killer ends the process (docs/measurements.md,
+    "Host memory limit"). 125.8 GiB of RAM -> 109.8 GiB."""
     if total is None:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         try:
@@ -245,8 +245,7 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     """Starts StarPU. Limits are bytes or strings like "8GiB"; None means the default.
 
     Defaults: every GPU; CPU workers on all cores without GPUs, one with GPUs (unless cpu_tasks=True): tile
-    ops then run on the GPUs, and idle CPU workers only slowed the thread submitting the tasks (GPT-2 XL on an
-    H200: submitting a step took 1.0-1.3 s with 15 CPU workers, 0.42-0.46 s with one). GPU memory for StarPU is
+    ops then run on the GPUs, and idle CPU workers only slow the thread submitting the tasks. GPU memory for StarPU is
     the device's total minus a share kept for torch's caching allocator (10%, at least 4 GiB); host memory for
     StarPU with GPUs default_host_memory_limit() (the RAM less max(16 GiB, 1/8)), on CPUs alone no limit (the
     operating system decides); no disk node; scheduler "dmdas" with GPUs (data-aware, priorities), "lws" on CPUs
@@ -258,11 +257,11 @@ def init(ncpus=None, ncuda=None, cuda_memory_limit=None, host_memory_limit=None,
     window, how many tasks may be pending before the submitting thread waits (until 4/5 of them remain); None
     (default) means StarPU's STARPU_LIMIT_MAX_SUBMITTED_TASKS (and _MIN) when set in the environment, else
     1000; 0 means no window. Without one, a whole step is submitted ahead of its execution, and a model that
-    overfills the GPU stalls (GPT 13B at batch 16 on one H200: no second step; 6.8 s per step with 1000); info()
+    overfills the GPU stalls; info()
     reports it as submission_window (max, min). streams_per_gpu: CUDA workers per GPU, each with its own stream
     and thread (default 2, or STARPU_NWORKER_PER_CUDA when set): while one worker's task waits for StarPU to see
     its predecessor finished and for its kernels' launch, the other's run, and row tiles alternate between them
-    (places). GPT-2 XL bf16 batch 8 on an H200: 0.288-0.292 s per step with 2, 0.299-0.307 s with 1. A memory
+    (places). The numbers behind these defaults: docs/measurements.md, "Runtime defaults". A memory
     plan beyond GPU memory asks for 1 (its streaming was measured with one). Calling init again with the same
     arguments does nothing; with other arguments while running raises RuntimeError (call shutdown() first).
     """

@@ -69,9 +69,9 @@ struct Forward {
 };
 
 // bf16 on GPUs: the fused kernel torch's own scaled_dot_product_attention picks for these tensors
-// (at::_fused_sdp_choice: cuDNN's on the H200 with torch 2.11, FlashAttention or the memory-efficient one
-// elsewhere), or the one NNTILE_ATTENTION names (read by the runtime at its start: set_attention_backend). The
-// memory-efficient kernel took 63 of 444 ms of a GPT-2 XL step on the H200, torch's cuDNN one 15 of 312 (FSDP1).
+// (at::_fused_sdp_choice: cuDNN's on Hopper with recent torch, FlashAttention or the memory-efficient one
+// elsewhere), or the one NNTILE_ATTENTION names (read by the runtime at its start: set_attention_backend). Why
+// torch's choice and not always the memory-efficient kernel: docs/measurements.md, "LayerNorm and attention kernels".
 // A kernel ATen refuses once (an old GPU, a build without it, a layout it rejects) is not tried again: the
 // memory-efficient one from then on, with one line on stderr. fp32 and masks: the memory-efficient kernel.
 std::atomic<int> setting{-1};  // -1 auto, else kFlash / kEfficient / kCudnn

@@ -24,8 +24,8 @@ void layer_norm_backward(const Where &w, int64_t m, int64_t c, const float *dy, 
     StreamScope scope(w);
 #ifdef NNTILE_USE_CUDA
     if (w.cuda) {
-        // ATen's backward writes new tensors that are then copied into the tiles (and its column sums were ~3x the
-        // bytes' time on the H200): one row kernel and a two-stage column sum instead. The scratch comes from
+        // ATen's backward writes new tensors that are then copied into the tiles, and its column sums are slow
+        // (docs/measurements.md): one row kernel and a two-stage column sum instead. The scratch comes from
         // torch's caching allocator on this stream.
         at::Tensor partials;
         if (dweight || dbias)

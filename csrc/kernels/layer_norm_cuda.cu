@@ -1,6 +1,6 @@
-// CUDA LayerNorm, forward and backward. The forward: one thread block per row. ATen's op costs the launching thread ~65 us per tile on the
-// H200 (it computes into new tensors and copies them into the tile: three more kernels), all of it GPU idle when a
-// step's tasks run one after another; this kernel is one launch.
+// CUDA LayerNorm, forward and backward. The forward: one thread block per row, one launch. ATen's op computes into
+// new tensors and copies them into the tile (three more kernels), all of it launch time with the GPU idle when a
+// step's tasks run one after another (docs/measurements.md, "LayerNorm and attention kernels").
 #include "../common.h"
 #include "block_sum_cuda.cuh"
 #include "layer_norm.h"

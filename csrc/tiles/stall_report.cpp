@@ -13,9 +13,7 @@ namespace nntile {
 
 std::string stall_advice(const std::vector<NodeTiles> &nodes, bool has_disk, int max_window) {
     // A node is at its limit within 3%; "outside live tiles" counts when it is over a quarter of the node, "only
-    // copies" when they fill over 60% of every node at its limit. Thresholds read off the H200 stalls of
-    // 2026-12-01 (large_models_v5, _v6): 13B batch 32, GPU 106.9 of 125.8 GiB outside live tiles; 20B batch 8,
-    // host 88.0 of 108.0 and GPU 107.5 of 125.8 GiB only copies, 20 and 18 GiB outside.
+    // copies" when they fill over 60% of every node at its limit (thresholds: docs/measurements.md, "Stall advice").
     auto gib = [](int64_t b) { return (double)b / (1 << 30); };
     std::ostringstream os;
     os << std::fixed << std::setprecision(1);
@@ -71,10 +69,10 @@ std::string stall_advice_now() {
 }
 
 namespace {
-// StarPU's watchdog calls this when no task finished for STARPU_WATCHDOG_TIMEOUT while tasks are pending. On the
-// H200, GPT models that overfill the GPU (13B on one, 13B and 20B on two) stalled like that in StarPU 1.3.10
-// (its eviction of written tiles to host RAM, and an allocation in host RAM, never completed): say so, with
-// what each memory node holds, instead of hanging in silence.
+// StarPU's watchdog calls this when no task finished for STARPU_WATCHDOG_TIMEOUT while tasks are pending. Models
+// that overfill the GPU stalled like that in StarPU 1.3.10 (its eviction of written tiles to host RAM, or an
+// allocation in host RAM, never completed; docs/measurements.md): say so, with what each memory node holds, instead
+// of hanging in silence.
 void report_stall(void *) {
     std::ostringstream os;
     os << std::fixed << std::setprecision(1) << "nntile_torch: no StarPU task finished for "
