@@ -59,9 +59,16 @@ CONFIGS = {
     "xl": Shape(48, 1600, 25, note="GPT-2 XL"),
     "2.7b": Shape(32, 2560, 32, note="GPT-3 2.7B shape"),
     "6.7b": Shape(32, 4096, 32, note="GPT-3 6.7B shape"),
+    # The capacity ladder's rungs between the published shapes, so that consecutive sizes differ by at most 1.5x
+    # (6.7b -> 13b was 1.93x, 13b -> 20b 1.58x, 30b -> 45b 1.52x): standard depth, head dim 128 throughout.
+    "9.4b": Shape(36, 4608, 36, note="ladder rung, 9.4B (1.41x 6.7b)"),
     "13b": Shape(40, 5120, 40, note="GPT-3 13B shape"),
+    "15.5b": Shape(40, 5632, 44, note="ladder rung, 15.5B (13b's depth, 1.21x 13b)"),
     "20b": Shape(44, 6144, 48, note="GPT-NeoX-20B shape"),
     "30b": Shape(48, 7168, 56, note="30B, standard depth"),
+    "37b": Shape(52, 7680, 60, note="ladder rung, 37B (1.24x 30b)"),
+    "45b": Shape(56, 8192, 64, note="45B GPT-2 shape (issue 39)"),
+    "58b": Shape(72, 8192, 64, note="ladder top, 58B (45b's width, 72 layers)"),
     # The NNTile paper's point: few, very wide layers (it trained GPT-2 shapes up to ~50B on one node, where
     # FSDP stopped near 8B). Width 16384 (head dim 128) gives 13.7B at 4 layers and 26.6B at 8; 4 x 32768 is the
     # paper's ~50B scale.
@@ -81,7 +88,9 @@ CONFIGS = {
 }
 
 # The ladder a capacity search climbs when no --config is given (standard depth, increasing size), per family.
-CAPACITY_LADDER = ["gpt2", "medium", "large", "xl", "2.7b", "6.7b", "13b", "20b", "30b"]
+# From 6.7b up, consecutive sizes differ by at most 1.5x (tests/test_bench_run.py checks it).
+CAPACITY_LADDER = ["gpt2", "medium", "large", "xl", "2.7b", "6.7b", "9.4b", "13b", "15.5b", "20b", "30b", "37b", "45b",
+                   "58b"]
 LADDERS = {"gpt2": CAPACITY_LADDER, "llama": ["llama3-8b", "llama-70b"], "qwen2": ["qwen2.5-14b", "qwen2.5-32b"]}
 # The throughput config when no --config is given, per family.
 DEFAULT_CONFIG = {"gpt2": "xl", "llama": "llama3-8b", "qwen2": "qwen2.5-14b"}

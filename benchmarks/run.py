@@ -9,7 +9,7 @@ FSDP2 and DeepSpeed, with the same model, data, batch, sequence length and preci
     python -m benchmarks.run --backend torch:compile,fsdp2,nntile --config llama3-8b --batch 8 --seq 1024
     python -m benchmarks.run --list-configs
 
-Configs (--config, benchmarks/configs.py) name their family: gpt2 (tiny ... 30b, wide-*), llama (llama-tiny,
+Configs (--config, benchmarks/configs.py) name their family: gpt2 (tiny ... 58b, wide-*), llama (llama-tiny,
 llama3-8b, llama-70b), qwen2 (qwen2-tiny, qwen2.5-14b, qwen2.5-32b). Models (--model, benchmarks/models.py), the
 same shapes, data, loss and FLOP count within a family; without --model each config builds its family's first:
   hf         (gpt2) Hugging Face GPT2LMHeadModel as a user has it (its default activation gelu_new)

@@ -540,6 +540,29 @@ def test_code_commit_from_git_or_from_the_carried_file(tmp_path, monkeypatch):
     assert code_commit(str(tmp_path)) == code_commit() == "def5678"
 
 
+def test_capacity_ladder_climbs_in_steps_of_at_most_1_5x():
+    """Issue 39: from 6.7b to the largest GPT-2 shape, consecutive capacity-ladder sizes differ by at most 1.5x, so a
+    capacity result says the largest size within 1.5x; the new rungs keep head dim 128, and their counts are the
+    model's own (built on meta, as the harness's params_counted)."""
+    import torch
+    import transformers
+    from benchmarks.configs import CAPACITY_LADDER, hf_config
+    assert CAPACITY_LADDER == sorted(CAPACITY_LADDER, key=lambda n: param_count(n, 1024))
+    top = max((n for n, s in CONFIGS.items() if s.family == "gpt2" and not n.startswith("wide")),
+              key=lambda n: param_count(n, 1024))
+    assert CAPACITY_LADDER[-1] == top and 55e9 < param_count(top, 1024) < 65e9
+    ladder = CAPACITY_LADDER[CAPACITY_LADDER.index("6.7b"):]
+    ratios = {f"{a}->{b}": param_count(b, 1024) / param_count(a, 1024) for a, b in zip(ladder, ladder[1:])}
+    assert all(1 < r <= 1.5 for r in ratios.values()), ratios
+    assert (CONFIGS["45b"].layers, CONFIGS["45b"].hidden, CONFIGS["45b"].heads) == (56, 8192, 64)
+    for name in ("9.4b", "15.5b", "37b", "45b", "58b"):
+        s = CONFIGS[name]
+        assert s.head_dim == 128 and s.heads * 128 == s.hidden, name
+        with torch.device("meta"):
+            model = transformers.GPT2LMHeadModel(hf_config(name, 1024))
+        assert sum(p.numel() for p in model.parameters()) == param_count(name, 1024), name
+
+
 def test_nvme_param_swap_buffers_hold_every_parameter():
     """DeepSpeed's NVMe parameter swap failed on the H200 with its defaults: buffers smaller than the 2.7B token
     embedding, and all of them taken by 1e9 live parameters. The settings hold the largest parameter of each
