@@ -16,6 +16,33 @@ MANUAL_NNTILE_FLAGS = {"ckpt", "stepbwd", "bf16state", "offload", "noplan"}
 
 GPT2_VOCAB = 50257
 
+# torchao's optimizers (pytorch/ao, torchao.optim) as variants of the torch and fsdp2 peers: their own memory savers for
+# the optimizer state. ao8bit / ao4bit / aofp8: AdamW8bit / AdamW4bit / AdamWFp8, moments quantized block-wise (block
+# 256 / 128 / 256, one fp32 scale per block; a tensor under 4096 elements or not a multiple of the block keeps its
+# moments in the parameter's dtype); aobf16sr: bf16 parameters, no fp32 master copy, updated with stochastic
+# rounding (_AdamW(bf16_stochastic_round=True), or with one of the above: its bf16_stochastic_round=True);
+# aooffload: CPUOffloadOptimizer(torch.optim.AdamW, fused=True), fp32 moments and the step on the CPU (one GPU only).
+TORCHAO_FLAGS = {"ao8bit", "ao4bit", "aofp8", "aobf16sr", "aooffload"}
+TORCHAO_LOW_BIT = {"ao8bit": "uint8 block-wise (256)", "ao4bit": "4-bit block-wise (128)",
+                   "aofp8": "fp8 e4m3 block-wise (256)"}
+TORCHAO_INSTALL = ("pip install --no-deps torchao (a wheel for any torch >= 2.x that needs no other package; then "
+                   "check python -c 'import torchao.optim' with this torch)")
+
+
+def peer_numerics(backend, flags):
+    """A peer's (torch, fsdp, fsdp2, deepspeed) numerics from its variant flags: the master weights' and the AdamW
+    moments' dtypes, and where the optimizer state lives (state_on: gpu, cpu or nvme). The matmul precision is the
+    attempt's."""
+    flags = set(flags)
+    sr = "aobf16sr" in flags
+    low = [text for f, text in TORCHAO_LOW_BIT.items() if f in flags]
+    if backend == "deepspeed":
+        state_on = "nvme" if "nvme" in flags else "gpu" if "gpu" in flags else "cpu"
+    else:
+        state_on = "cpu" if flags & {"offload", "aooffload"} else "gpu"
+    return {"master": "bf16 (stochastic rounding)" if sr else "fp32",
+            "moments": low[0] if low else "bf16" if sr else "fp32", "state_on": state_on}
+
 # Environment variables that are not an attempt's settings: where StarPU's perf models live, its output, and the
 # StarPU build the extension came from (dev/gpu_machine/h200.sh exports it).
 NOT_SETTINGS = ("STARPU_HOME", "STARPU_SILENT", "STARPU_PREFIX")

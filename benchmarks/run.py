@@ -84,6 +84,8 @@ from benchmarks.configs import (
     LADDERS,
     MODEL_FAMILY,
     NOT_SETTINGS,
+    TORCHAO_FLAGS,
+    TORCHAO_INSTALL,
     by_size,
     default_model,
     family,
@@ -100,7 +102,8 @@ VARIANTS = {
     # compile: torch.compile (torch: the whole model; fsdp: the FSDP1 model, use_orig_params=True; fsdp2: each block,
     # then fully_shard); useropt: a training script's own optimizer and clipping, as nanoGPT's train.py
     # (torch.optim.AdamW over its weight-decay groups, fused on CUDA, and clip_grad_norm_(1.0) every step)
-    "torch": ({"ckpt", "compile", "useropt"}, ""),
+    # ao8bit, ao4bit, aofp8, aobf16sr, aooffload: torchao's optimizers (configs.TORCHAO_FLAGS) instead of torch's AdamW
+    "torch": ({"ckpt", "compile", "useropt"} | TORCHAO_FLAGS, ""),
     # stepbwd: AdamW(step_in_backward=True), gradients never all held; bf16state: AdamW(state_dtype=bfloat16)
     # offload: AdamW(offload=--offload-fraction), those updates on CPU workers with their state in host RAM
     # no flag: the memory plan (nt.plan) chooses; noplan: nntile's defaults without a plan; cpuupdate / gpuupdate:
@@ -113,7 +116,7 @@ VARIANTS = {
     "nntile": ({"ckpt", "stepbwd", "bf16state", "offload", "noplan", "cpuupdate", "gpuupdate", "bf16master",
                 "statefetch", "keptcopies", "hostckpt", "useropt", "fp32state"}, ""),
     "fsdp": ({"offload", "ckpt", "compile", "useropt"}, ""),
-    "fsdp2": ({"offload", "ckpt", "compile", "useropt"}, ""),
+    "fsdp2": ({"offload", "ckpt", "compile", "useropt"} | (TORCHAO_FLAGS - {"aooffload"}), ""),
     "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),
 }
 DISTRIBUTED = {"fsdp", "fsdp2", "deepspeed"}
@@ -131,6 +134,9 @@ def machine_name(gpu):
 def canonical_variant(backend, text):
     allowed, default = VARIANTS[backend]
     flags = {f for f in (text or default).split("+") if f and f != "plain"}
+    if backend == "fsdp2" and "aooffload" in flags:
+        raise ValueError("fsdp2 has no variant aooffload: torchao's CPUOffloadOptimizer is for one GPU without "
+                         "sharding (fsdp2:offload is FSDP2's own CPU offload, CPUOffloadPolicy)")
     bad = flags - allowed
     if bad:
         raise ValueError(f"{backend} has no variant flag {sorted(bad)} (flags: {sorted(allowed)}, or plain)")
@@ -149,6 +155,16 @@ def canonical_variant(backend, text):
         if ours:
             raise ValueError(f"nntile variant useropt trains with torch.optim.AdamW: not with {sorted(ours)} "
                              "(settings of nt.optim.AdamW)")
+    ao = flags & TORCHAO_FLAGS
+    if ao:
+        if len(ao - {"aobf16sr"}) > 1:
+            raise ValueError(f"{backend} variants {sorted(ao - {'aobf16sr'})} each pick torchao's optimizer: "
+                             "one of them")
+        if {"aobf16sr", "aooffload"} <= flags:
+            raise ValueError("aooffload steps torch.optim.AdamW on the CPU (fp32 master weights): not with aobf16sr")
+        if "useropt" in flags:
+            raise ValueError(f"{backend} variant useropt trains with the script's torch.optim.AdamW: not with "
+                             f"torchao's optimizer ({sorted(ao)})")
     if backend == "deepspeed":  # offloads to CPU unless told gpu (no offload) or nvme
         if "gpu" in flags and flags & {"offload", "nvme"}:
             raise ValueError("deepspeed variant 'gpu' (no offload) excludes offload and nvme")
@@ -374,6 +390,13 @@ def precheck(a, cpu_only, args, world):
         return "nntile_torch is not importable"
     if cpu_only and a["backend"] in ("fsdp", "fsdp2") and "offload" in flags:
         return "CPU offload needs a GPU to offload from (none here)"
+    ao = set(flags) & TORCHAO_FLAGS
+    if ao and importlib.util.find_spec("torchao") is None:
+        return f"torchao is not installed (variants {'+'.join(sorted(ao))}): {TORCHAO_INSTALL}"
+    if "aooffload" in flags and cpu_only:
+        return "torchao's CPUOffloadOptimizer needs a GPU to offload from (none here)"
+    if "aobf16sr" in flags and a["precision"] != "bf16":
+        return f"aobf16sr trains bf16 weights: --precision bf16 only (got {a['precision']})"
     if "nvme" in flags and not args.nvme_path:
         return "the nvme variant needs --nvme-path"
     if args.batch % world:

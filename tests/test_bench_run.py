@@ -563,6 +563,75 @@ def test_capacity_ladder_climbs_in_steps_of_at_most_1_5x():
         assert sum(p.numel() for p in model.parameters()) == param_count(name, 1024), name
 
 
+def test_memory_saver_variants_parse():
+    """The peers' own memory savers: FSDP2's CPUOffloadPolicy and DeepSpeed's offloads with activation
+    checkpointing, torchao's optimizers on torch and fsdp2 (one of them; aobf16sr beside a low-bit one), and the
+    combinations that cannot mean anything refused with the reason."""
+    assert parse_backends("fsdp2:offload+ckpt,deepspeed:offload+ckpt,deepspeed:nvme+ckpt,deepspeed:ckpt", None) == [
+        ("fsdp2", "ckpt+offload"), ("deepspeed", "ckpt+offload"), ("deepspeed", "ckpt+nvme")]
+    assert parse_backends("torch:ao8bit,torch:ao4bit+aobf16sr,torch:aofp8+ckpt,torch:aobf16sr,torch:aooffload+ckpt,"
+                          "fsdp2:offload+ckpt+ao8bit", None) == [
+        ("torch", "ao8bit"), ("torch", "ao4bit+aobf16sr"), ("torch", "aofp8+ckpt"), ("torch", "aobf16sr"),
+        ("torch", "aooffload+ckpt"), ("fsdp2", "ao8bit+ckpt+offload")]
+    for bad, why in [("torch:ao8bit+ao4bit", "one of them"), ("torch:aooffload+aobf16sr", "not with aobf16sr"),
+                     ("torch:useropt+ao8bit", "useropt"), ("fsdp2:aooffload", "for one GPU"),
+                     ("fsdp:ao8bit", "no variant flag"), ("deepspeed:ao4bit", "no variant flag"),
+                     ("nntile:ao8bit", "no variant flag")]:
+        with pytest.raises(ValueError, match=why):
+            parse_backends(bad, None)
+    from benchmarks.configs import peer_numerics
+    assert peer_numerics("fsdp2", ["ckpt", "offload"]) == {"master": "fp32", "moments": "fp32", "state_on": "cpu"}
+    assert peer_numerics("deepspeed", ["ckpt", "nvme"])["state_on"] == "nvme"
+    assert peer_numerics("deepspeed", ["gpu"])["state_on"] == "gpu"
+    assert peer_numerics("torch", ["ao4bit", "aobf16sr"]) == {
+        "master": "bf16 (stochastic rounding)", "moments": "4-bit block-wise (128)", "state_on": "gpu"}
+    assert peer_numerics("torch", ["aobf16sr"])["moments"] == "bf16"
+    assert peer_numerics("torch", ["aooffload"]) == {"master": "fp32", "moments": "fp32", "state_on": "cpu"}
+
+
+def test_torchao_variants_without_torchao_are_unavailable_with_how_to_install(monkeypatch):
+    """No torchao: the harness records the attempt as unavailable (never a crash), saying how to install it; a
+    torchao that is there but does not import is unavailable in the worker, with the same advice."""
+    import importlib.util
+    from types import SimpleNamespace
+    from benchmarks import run
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    args = SimpleNamespace(nvme_path=None, batch=4)
+    a = {"backend": "torch", "variant": "ao8bit", "precision": "bf16"}
+    assert "pip install --no-deps torchao" in run.precheck(a, True, args, 1)
+    monkeypatch.undo()
+    assert "needs a GPU" in run.precheck(dict(a, variant="aooffload"), True, args, 1) or real("torchao") is None
+    assert "--precision bf16 only" in (run.precheck(dict(a, variant="aobf16sr", precision="tf32"), True, args, 1))
+    # the worker's own check, where the harness's found a torchao that does not import (built for another torch)
+    import torch
+    from benchmarks import worker
+    monkeypatch.setitem(sys.modules, "torchao.optim", None)  # its import raises ImportError
+    spec = {"flags": ["ao8bit"], "lr": 1e-4, "weight_decay": 0.01, "precision": "bf16"}
+    with pytest.raises(worker.Unavailable, match="torchao not importable .*pip install --no-deps torchao"):
+        worker.torchao_optimizer(spec, [torch.nn.Parameter(torch.zeros(4096))], False)
+
+
+def test_torchao_8bit_adamw_trains_on_cpu(tmp_path):
+    """torch:ao8bit at the tiny config on the CPU (torchao compiles its step with inductor's C++ backend): the same
+    weights and batches as torch's AdamW, so the same first loss, then 8-bit moments recorded in the numerics."""
+    try:
+        import torchao.optim  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"requires torchao importable with this torch ({type(e).__name__}: {e})")
+    out = tmp_path / "out"
+    harness("benchmarks.run", "--backend", "torch,torch:ao8bit", *TINY, "--out", str(out), cwd=tmp_path,
+            timeout=600)
+    recs = {r["variant"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert recs["ao8bit"]["status"] == "ok", recs["ao8bit"]["reason"]
+    opt = recs["ao8bit"]["env"]["optimizer"]
+    assert opt.startswith("torchao ") and "AdamW8bit" in opt
+    assert recs["ao8bit"]["numerics"] == {"matmul": "tf32", "master": "fp32", "moments": "uint8 block-wise (256)",
+                                          "state_on": "cpu"}  # a CPU-only run's state is in host RAM
+    assert recs["ao8bit"]["losses"][0] == pytest.approx(recs["plain"]["losses"][0], rel=1e-6)
+    assert all(math.isfinite(v) for v in recs["ao8bit"]["losses"])
+
+
 def test_nvme_param_swap_buffers_hold_every_parameter():
     """DeepSpeed's NVMe parameter swap failed on the H200 with its defaults: buffers smaller than the 2.7B token
     embedding, and all of them taken by 1e9 live parameters. The settings hold the largest parameter of each
