@@ -361,6 +361,52 @@ def test_report_sets_nntile_beside_each_peers_fastest_variant_with_numerics():
         throughput_table([old])
 
 
+def test_capacity_table_compares_nntile_with_each_peer_at_equal_numerics():
+    """Issue 39: each peer's largest model with the numerics it used (its own memory savers: CPU offload, torchao's
+    low-bit state), nntile's largest at fp32 state and at compact state, and nntile / peer where the numerics
+    match; a ladder that ended before any failure is a lower bound."""
+    from benchmarks.report import capacity, capacity_compare, capacity_compare_table, capacity_table
+    fp32 = {"matmul": "bf16", "master": "fp32", "moments": "fp32"}
+
+    def rec(backend, variant, config, status="ok", numerics=None):
+        return {"mode": "capacity", "backend": backend, "variant": variant, "model": "hf", "config": config,
+                "params": param_count(config, 1024), "precision": "bf16", "batch": 8, "seq": 1024, "gpus": 1,
+                "status": status, "reason": None if status == "ok" else "CUDA out of memory", "step_s": 1.0,
+                "numerics": numerics}
+    compact = {"matmul": "bf16", "master": "bf16 (blocks' matmul weights)", "moments": "bf16",
+               "by": "the memory plan"}
+    records = [rec("fsdp2", "ckpt+offload", "9.4b", numerics=dict(fp32, state_on="cpu")),
+               rec("fsdp2", "ckpt+offload", "13b", "oom"),  # failed before its worker said: from the variant
+               rec("torch", "ao8bit", "6.7b", numerics=dict(fp32, moments="uint8 block-wise (256)", state_on="gpu")),
+               rec("torch", "ao8bit", "9.4b", "oom"),
+               rec("deepspeed", "ckpt+offload", "20b", numerics=dict(fp32, state_on="cpu")),
+               rec("deepspeed", "ckpt+offload", "30b", "error"),
+               rec("nntile", "fp32state", "30b", numerics=dict(fp32, by="the memory plan")),
+               rec("nntile", "fp32state", "37b", "oom"),
+               rec("nntile", "plain", "58b", numerics=compact)]  # the ladder's top: none failed
+    caps = capacity(records)
+    table = capacity_table(caps)
+    assert "| hf | fsdp2 | ckpt+offload | bf16 | 8 x 1024 | 9.4b | 9.41B | 1.00 | 13b (12.85B): oom: CUDA out of " \
+           "memory | master fp32, moments fp32, state on CPU |" in table
+    assert "| master fp32, moments **uint8 block-wise (256)** |" in table
+    compare = capacity_compare_table(capacity_compare(caps))
+    lines = compare.splitlines()
+    assert lines[2].startswith("| hf | bf16 | 8 x 1024 | nntile | plain | master **bf16 (blocks' matmul weights)**, "
+                               "moments **bf16** (plan) | 58b (58.41B), none failed | - | - |")
+    assert "| deepspeed | ckpt+offload | master fp32, moments fp32, state on CPU | 20b (20.25B) | fp32state: 30b " \
+           "(29.97B) | 1.48x |" in compare
+    assert "| fsdp2 | ckpt+offload | master fp32, moments fp32, state on CPU | 9.4b (9.41B) | fp32state: 30b " \
+           "(29.97B) | 3.18x |" in compare
+    assert "| torch | ao8bit | master fp32, moments **uint8 block-wise (256)** | 6.7b (6.65B) | no nntile run at " \
+           "these numerics | - |" in compare
+    assert ("- hf bf16, batch 8 x 1024: nntile's largest at fp32 state 30b (29.97B) (fp32state); at compact state "
+            "58b (58.41B), none failed (plain, master bf16, moments bf16)") in compare
+    # a peer whose ladder ended first: nntile / peer is at most the ratio shown
+    caps = capacity(records + [rec("deepspeed", "ckpt+offload", "30b")])
+    assert "| 30b (29.97B), none failed | fp32state: 30b (29.97B) | <= 1.00x |" in \
+        capacity_compare_table(capacity_compare(caps))
+
+
 def test_table_shows_a_mean_the_median_hides_and_a_longer_warm_up():
     from benchmarks.report import throughput_table
     base = {"config": "xl", "params": 1557611200, "backend": "nntile", "variant": "plain", "precision": "bf16",
