@@ -635,6 +635,20 @@ def test_memory_saver_variants_parse():
     assert peer_numerics("torch", ["aooffload"]) == {"master": "fp32", "moments": "fp32", "state_on": "cpu"}
 
 
+@pytest.mark.parametrize("model", ["hf", "nanogpt"])
+def test_checkpointing_flag_is_recorded_as_what_it_did(model):
+    """ckpt (every peer, beside their offloads) turns checkpointing on and the record says how: a flag that did
+    nothing would read as a memory saver that was there."""
+    from benchmarks import worker
+    worker.BUILT.clear()
+    net = worker.build_model({"seed": 0, "model": model, "config": "tiny", "seq": 32, "flags": ["ckpt"]}, "cpu")
+    done = worker.BUILT["checkpointing"]
+    if model == "hf":
+        assert net.is_gradient_checkpointing and "gradient_checkpointing_enable" in done
+    else:
+        assert "torch.utils.checkpoint" in done
+
+
 def test_torchao_variants_without_torchao_are_unavailable_with_how_to_install(monkeypatch):
     """No torchao: the harness records the attempt as unavailable (never a crash), saying how to install it; a
     torchao that is there but does not import is unavailable in the worker, with the same advice."""
