@@ -16,6 +16,33 @@ MANUAL_NNTILE_FLAGS = {"ckpt", "stepbwd", "bf16state", "offload", "noplan"}
 
 GPT2_VOCAB = 50257
 
+# torchao's optimizers (pytorch/ao, torchao.optim) as variants of the torch and fsdp2 peers: their own memory savers for
+# the optimizer state. ao8bit / ao4bit / aofp8: AdamW8bit / AdamW4bit / AdamWFp8, moments quantized block-wise (block
+# 256 / 128 / 256, one fp32 scale per block; a tensor under 4096 elements or not a multiple of the block keeps its
+# moments in the parameter's dtype); aobf16sr: bf16 parameters, no fp32 master copy, updated with stochastic
+# rounding (_AdamW(bf16_stochastic_round=True), or with one of the above: its bf16_stochastic_round=True);
+# aooffload: CPUOffloadOptimizer(torch.optim.AdamW, fused=True), fp32 moments and the step on the CPU (one GPU only).
+TORCHAO_FLAGS = {"ao8bit", "ao4bit", "aofp8", "aobf16sr", "aooffload"}
+TORCHAO_LOW_BIT = {"ao8bit": "uint8 block-wise (256)", "ao4bit": "4-bit block-wise (128)",
+                   "aofp8": "fp8 e4m3 block-wise (256)"}
+TORCHAO_INSTALL = ("pip install --no-deps torchao (a wheel for any torch >= 2.x that needs no other package; then "
+                   "check python -c 'import torchao.optim' with this torch)")
+
+
+def peer_numerics(backend, flags):
+    """A peer's (torch, fsdp, fsdp2, deepspeed) numerics from its variant flags: the master weights' and the AdamW
+    moments' dtypes, and where the optimizer state lives (state_on: gpu, cpu or nvme). The matmul precision is the
+    attempt's."""
+    flags = set(flags)
+    sr = "aobf16sr" in flags
+    low = [text for f, text in TORCHAO_LOW_BIT.items() if f in flags]
+    if backend == "deepspeed":
+        state_on = "nvme" if "nvme" in flags else "gpu" if "gpu" in flags else "cpu"
+    else:
+        state_on = "cpu" if flags & {"offload", "aooffload"} else "gpu"
+    return {"master": "bf16 (stochastic rounding)" if sr else "fp32",
+            "moments": low[0] if low else "bf16" if sr else "fp32", "state_on": state_on}
+
 # Environment variables that are not an attempt's settings: where StarPU's perf models live, its output, and the
 # StarPU build the extension came from (dev/gpu_machine/h200.sh exports it).
 NOT_SETTINGS = ("STARPU_HOME", "STARPU_SILENT", "STARPU_PREFIX")
@@ -59,9 +86,16 @@ CONFIGS = {
     "xl": Shape(48, 1600, 25, note="GPT-2 XL"),
     "2.7b": Shape(32, 2560, 32, note="GPT-3 2.7B shape"),
     "6.7b": Shape(32, 4096, 32, note="GPT-3 6.7B shape"),
+    # The capacity ladder's rungs between the published shapes, so that consecutive sizes differ by at most 1.5x
+    # (6.7b -> 13b was 1.93x, 13b -> 20b 1.58x, 30b -> 45b 1.52x): standard depth, head dim 128 throughout.
+    "9.4b": Shape(36, 4608, 36, note="ladder rung, 9.4B (1.41x 6.7b)"),
     "13b": Shape(40, 5120, 40, note="GPT-3 13B shape"),
+    "15.5b": Shape(40, 5632, 44, note="ladder rung, 15.5B (13b's depth, 1.21x 13b)"),
     "20b": Shape(44, 6144, 48, note="GPT-NeoX-20B shape"),
     "30b": Shape(48, 7168, 56, note="30B, standard depth"),
+    "37b": Shape(52, 7680, 60, note="ladder rung, 37B (1.24x 30b)"),
+    "45b": Shape(56, 8192, 64, note="45B GPT-2 shape (issue 39)"),
+    "58b": Shape(72, 8192, 64, note="ladder top, 58B (45b's width, 72 layers)"),
     # The NNTile paper's point: few, very wide layers (it trained GPT-2 shapes up to ~50B on one node, where
     # FSDP stopped near 8B). Width 16384 (head dim 128) gives 13.7B at 4 layers and 26.6B at 8; 4 x 32768 is the
     # paper's ~50B scale.
@@ -81,7 +115,9 @@ CONFIGS = {
 }
 
 # The ladder a capacity search climbs when no --config is given (standard depth, increasing size), per family.
-CAPACITY_LADDER = ["gpt2", "medium", "large", "xl", "2.7b", "6.7b", "13b", "20b", "30b"]
+# From 6.7b up, consecutive sizes differ by at most 1.5x (tests/test_bench_run.py checks it).
+CAPACITY_LADDER = ["gpt2", "medium", "large", "xl", "2.7b", "6.7b", "9.4b", "13b", "15.5b", "20b", "30b", "37b", "45b",
+                   "58b"]
 LADDERS = {"gpt2": CAPACITY_LADDER, "llama": ["llama3-8b", "llama-70b"], "qwen2": ["qwen2.5-14b", "qwen2.5-32b"]}
 # The throughput config when no --config is given, per family.
 DEFAULT_CONFIG = {"gpt2": "xl", "llama": "llama3-8b", "qwen2": "qwen2.5-14b"}

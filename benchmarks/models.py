@@ -106,10 +106,13 @@ def block_class(model):
 
 def enable_checkpointing(net):
     """Activation checkpointing of every block (non-reentrant): Hugging Face's own switch, else torch.utils.checkpoint
-    around each block's forward (nntile_torch.streaming.checkpoint_blocks, plain torch code)."""
+    around each block's forward (nntile_torch.streaming.checkpoint_blocks, plain torch code). Returns what it did, for
+    the record (a flag that did nothing would read as a memory saver that was there)."""
     if hasattr(net, "gradient_checkpointing_enable"):
         net.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        return
+        if not getattr(net, "is_gradient_checkpointing", True):
+            raise RuntimeError(f"{type(net).__name__}.gradient_checkpointing_enable() left checkpointing off")
+        return "Hugging Face gradient_checkpointing_enable (non-reentrant), every block"
     from torch.utils.checkpoint import checkpoint
     for block in blocks(net):
         forward = block.forward
@@ -117,6 +120,7 @@ def enable_checkpointing(net):
         def run(*args, _forward=forward, **kwargs):
             return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
         block.forward = run
+    return "torch.utils.checkpoint (non-reentrant) around every block's forward"
 
 
 def module_init(model, net):

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from benchmarks.configs import NOT_SETTINGS, fmt_params
+from benchmarks.configs import NOT_SETTINGS, fmt_params, peer_numerics
 
 GiB = 2**30
 
@@ -87,8 +87,8 @@ def numerics(r):
     if n:
         return n
     flags = r["variant"].split("+")
-    if r["backend"] != "nntile":
-        return {"master": "fp32", "moments": "fp32"}
+    if r["backend"] != "nntile":  # an attempt that failed before its worker said (or an older record): its variant's
+        return peer_numerics(r["backend"], flags)
     plan = (r.get("env") or {}).get("plan")
     if plan:
         master = _short(plan.get("master_dtype", "float32"))
@@ -104,7 +104,20 @@ def numerics_text(r):
     def show(k):
         v = str(n.get(k, "?"))
         return v if v.startswith("fp32") or v == "?" else f"**{v}**"
-    return f"master {show('master')}, moments {show('moments')}" + (" (plan)" if n.get("by") else "")
+    where = n.get("state_on")
+    return (f"master {show('master')}, moments {show('moments')}" + (" (plan)" if n.get("by") else "")
+            + (f", state on {where.upper()}" if where in ("cpu", "nvme") else ""))
+
+
+def numerics_class(r):
+    """(master, moments) by their dtypes alone, the first word of each (fp32, bf16, uint8, 4-bit, fp8): what a
+    capacity comparison holds equal. Where the state lives (GPU, CPU, NVMe) is a memory saver, not numerics."""
+    n = numerics(r)
+    return tuple(str(n.get(k) or "?").split()[0] for k in ("master", "moments"))
+
+
+def class_text(c):
+    return f"master {c[0]}, moments {c[1]}"
 
 
 def _f(r, k, fmt):
@@ -201,15 +214,67 @@ def capacity(records):
 
 def capacity_table(caps):
     head = ("| model | backend | variant | precision | batch x seq | largest completed | params | step s "
-            "| first failure |")
+            "| first failure | numerics |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for (m, b, v, p, batch, seq), best, fail in caps:
         failure = (f"{fail['config']} ({fmt_params(fail['params'])}): {fail['status']}"
                    f"{': ' + (fail.get('reason') or '')[:80] if fail.get('reason') else ''}" if fail else "-")
         lines.append(f"| {m} | {b} | {v} | {p} | {batch} x {seq} | {best['config'] if best else 'none'} | "
                      f"{fmt_params(best['params']) if best else '-'} | {_f(best or {}, 'step_s', '.2f')} | "
-                     f"{failure.replace('|', '/')} |")
+                     f"{failure.replace('|', '/')} | {numerics_text(best or fail)} |")
     return "\n".join(lines)
+
+
+def capacity_compare(caps):
+    """Per (model, precision, batch, seq): each backend's largest completed model per numerics class (over its
+    variants: a peer at its best with its own memory savers), as {(backend, class): (best, first failure above it)};
+    nntile's among them. Sorted as capacity()."""
+    groups = {}
+    for (m, b, v, p, batch, seq), best, fail in caps:
+        if best is not None:
+            top = groups.setdefault((m, p, batch, seq), {})
+            k = (b, numerics_class(best))
+            if k not in top or best["params"] > top[k][0]["params"]:
+                top[k] = (best, fail)
+    return sorted(groups.items(), key=lambda g: g[0])
+
+
+def _largest(best, fail):
+    """'13b (12.85B)', with ', none failed' when no larger attempt failed (the ladder ended first: a lower bound)."""
+    return f"{best['config']} ({fmt_params(best['params'])})" + ("" if fail else ", none failed")
+
+
+def capacity_compare_table(groups):
+    """Each peer's largest model per numerics beside nntile's largest at the same numerics, and their ratio; then
+    nntile's largest at fp32 state and at compact state."""
+    head = ("| model | precision | batch x seq | backend | variant | numerics | largest completed "
+            "| nntile's largest at these numerics | nntile / peer |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    notes = []
+    for (m, p, batch, seq), top in groups:
+        ours = {c: bf for (b, c), bf in top.items() if b == "nntile"}
+        for (b, c), (best, fail) in sorted(top.items(), key=lambda t: (t[0][0] != "nntile", -t[1][0]["params"])):
+            if b == "nntile":
+                match, ratio = "-", "-"
+            elif c in ours:
+                nb, nf = ours[c]
+                match = f"{variant(nb)}: {_largest(nb, nf)}"
+                bound = ">= " if not nf and fail else "<= " if nf and not fail else "" if nf else "? "
+                ratio = f"{bound}{nb['params'] / best['params']:.2f}x"
+            else:
+                match, ratio = "no nntile run at these numerics", "-"
+            lines.append(f"| {m} | {p} | {batch} x {seq} | {b} | {variant(best)} | {numerics_text(best)} | "
+                         f"{_largest(best, fail)} | {match} | {ratio} |")
+        fp32 = ours.get(("fp32", "fp32"))
+        compact = max((bf for c, bf in ours.items() if c != ("fp32", "fp32")), key=lambda bf: bf[0]["params"],
+                      default=None)
+        if fp32 or compact:
+            notes.append(f"- {m} {p}, batch {batch} x {seq}: nntile's largest at fp32 state "
+                         + (f"{_largest(*fp32)} ({variant(fp32[0])})" if fp32 else "not run")
+                         + "; at compact state " + (f"{_largest(*compact)} ({variant(compact[0])}, "
+                                                    f"{class_text(numerics_class(compact[0]))})"
+                                                    if compact else "not run"))
+    return "\n".join(lines + ([""] + notes if notes else []))
 
 
 def environment(records):
@@ -404,6 +469,15 @@ def report(folder):
             md += ["![throughput](throughput.png)", ""]
     if caps:
         md += ["## Capacity", "", capacity_table(caps), ""]
+        compare = capacity_compare(caps)
+        if any(b == "nntile" for _, top in compare for b, _ in top) and any(
+                b != "nntile" for _, top in compare for b, _ in top):
+            md += ["### Capacity at equal numerics", "",
+                   ("Each backend's largest model per numerics (master weights' and AdamW moments' dtypes; where the "
+                    "optimizer state lives is a memory saver, not numerics), over its variants, beside nntile's "
+                    "largest at the same numerics. 'none failed': the ladder ended before a failure, a lower bound "
+                    "(>= / <= on the ratio; ? where neither failed)."), "",
+                   capacity_compare_table(compare), ""]
         if plot_capacity(caps, os.path.join(folder, "capacity.png")):
             md += ["![capacity](capacity.png)", ""]
     if pairs:

@@ -5,11 +5,13 @@ FSDP2 and DeepSpeed, with the same model, data, batch, sequence length and preci
     python -m benchmarks.run --model hf,hf-tanh,nanogpt --backend nntile,torch:compile,fsdp2:compile --config xl
     python -m benchmarks.run --backend fsdp:offload,fsdp2:offload,deepspeed --config xl,6.7b
     python -m benchmarks.run --mode capacity --backend torch:ckpt,nntile --config 6.7b,13b,20b --steps 2
+    python -m benchmarks.run --mode capacity --backend fsdp2:offload+ckpt,deepspeed:offload+ckpt,torch:ao8bit+ckpt
+        --config 6.7b,9.4b,13b --steps 1 --warmup 1    # (one line) the peers with their own memory savers
     python -m benchmarks.run --backend nntile,fsdp --config xl --repeat 3   # before/after ratios: medians of 3
     python -m benchmarks.run --backend torch:compile,fsdp2,nntile --config llama3-8b --batch 8 --seq 1024
     python -m benchmarks.run --list-configs
 
-Configs (--config, benchmarks/configs.py) name their family: gpt2 (tiny ... 30b, wide-*), llama (llama-tiny,
+Configs (--config, benchmarks/configs.py) name their family: gpt2 (tiny ... 58b, wide-*), llama (llama-tiny,
 llama3-8b, llama-70b), qwen2 (qwen2-tiny, qwen2.5-14b, qwen2.5-32b). Models (--model, benchmarks/models.py), the
 same shapes, data, loss and FLOP count within a family; without --model each config builds its family's first:
   hf         (gpt2) Hugging Face GPT2LMHeadModel as a user has it (its default activation gelu_new)
@@ -24,7 +26,11 @@ the models fits, is an error.
 Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:offload+ckpt):
   torch      eager; variants plain, ckpt (activation checkpointing), compile (torch.compile(model)), useropt (a
              training script's own optimizer and clipping, as nanoGPT's train.py: torch.optim.AdamW over its
-             weight-decay groups, fused on CUDA, betas (0.9, 0.95), and clip_grad_norm_(params, 1.0) every step)
+             weight-decay groups, fused on CUDA, betas (0.9, 0.95), and clip_grad_norm_(params, 1.0) every step);
+             torchao's optimizers (pip install --no-deps torchao; without it the attempt is unavailable), one of:
+             ao8bit (AdamW8bit, moments uint8 block-wise), ao4bit (AdamW4bit), aofp8 (AdamWFp8), aooffload
+             (CPUOffloadOptimizer(torch.optim.AdamW, fused=True): fp32 state and step on the CPU, GPU only); and
+             aobf16sr (bf16 weights, no fp32 master, stochastic rounding; alone or with ao8bit/ao4bit/aofp8)
   nntile     nntile_torch.convert + nntile_torch.optim.AdamW; plain: the memory plan (nt.plan) picks every setting;
              by hand instead: ckpt, stepbwd (AdamW in backward), bf16state (bf16 moments), offload
              (--offload-fraction of the weights updated on CPU workers), noplan (nntile's defaults, no plan);
@@ -39,14 +45,15 @@ Backends (a variant after ':' or from --variant; flags joined by '+', e.g. fsdp:
   fsdp       FSDP1 FULL_SHARD per block; variants plain, offload (CPUOffload(offload_params=True)), ckpt, compile
              (torch.compile of the FSDP1 model, use_orig_params=True), useropt (FSDP1's clip_grad_norm_)
   fsdp2      fully_shard per block + root; variants plain, offload (CPUOffloadPolicy), ckpt, compile (torch.compile
-             of each block, then fully_shard: torchtitan's order), useropt
+             of each block, then fully_shard: torchtitan's order), useropt; torchao's ao8bit, ao4bit, aofp8,
+             aobf16sr as torch's (e.g. fsdp2:offload+ckpt+ao8bit)
   deepspeed  ZeRO-3; variants offload (params + optimizer to CPU, the default), nvme (to --nvme-path),
-             gpu (no offload), ckpt
+             gpu (no offload), ckpt (e.g. deepspeed:offload+ckpt, deepspeed:nvme+ckpt)
 fsdp, fsdp2 and deepspeed run under torchrun on every visible GPU (one process with gloo on a CPU-only machine);
 torch and nntile in one process (nntile on all GPUs). Precision bf16: autocast / MixedPrecision / DeepSpeed bf16 /
 nntile bf16 matmuls, fp32 master weights everywhere (nntile's plan may pick bf16 moments or bf16 master weights
 beyond GPU memory); tf32: fp32 weights, TF32 matmuls. Each record's `numerics` says its matmul precision and its
-master weights' and moments' dtypes.
+master weights' and moments' dtypes (a peer's: and where its optimizer state lives, state_on gpu / cpu / nvme).
 torch.compile keeps its kernels in TORCHINDUCTOR_CACHE_DIR (inductor's default: /tmp/torchinductor_<user>): a
 folder that outlives the attempt makes later compiles of the same model faster. The warm-up steps' time beyond a
 timed step is recorded as `compile_s` (and the first step's as `first_step_s`), apart from the step time.
@@ -57,7 +64,9 @@ it, `warmup_used` records it), with each step's time in full garbage collections
 Each attempt appends one JSON line to <out>/results.jsonl (status ok, oom, error or unavailable, with a reason;
 a timed-out or crashed attempt keeps its step times and losses so far; `settings`: the nntile options given and
 the NNTILE_* / STARPU_* variables set) and prints one progress line; its log is <out>/logs/<attempt>.log.
-Capacity mode climbs the configs in size order per backend and stops at the first that does not complete.
+Capacity mode climbs the configs in size order per backend and stops at the first that does not complete; its
+default GPT-2 ladder goes from GPT-2 small to 58b, from 6.7b up in steps of at most 1.5x (6.7b, 9.4b, 13b, 15.5b,
+20b, 30b, 37b, 45b, 58b).
 `python -m benchmarks.report <out>` makes the table and plots.
 """
 import argparse
@@ -84,6 +93,8 @@ from benchmarks.configs import (
     LADDERS,
     MODEL_FAMILY,
     NOT_SETTINGS,
+    TORCHAO_FLAGS,
+    TORCHAO_INSTALL,
     by_size,
     default_model,
     family,
@@ -100,7 +111,8 @@ VARIANTS = {
     # compile: torch.compile (torch: the whole model; fsdp: the FSDP1 model, use_orig_params=True; fsdp2: each block,
     # then fully_shard); useropt: a training script's own optimizer and clipping, as nanoGPT's train.py
     # (torch.optim.AdamW over its weight-decay groups, fused on CUDA, and clip_grad_norm_(1.0) every step)
-    "torch": ({"ckpt", "compile", "useropt"}, ""),
+    # ao8bit, ao4bit, aofp8, aobf16sr, aooffload: torchao's optimizers (configs.TORCHAO_FLAGS) instead of torch's AdamW
+    "torch": ({"ckpt", "compile", "useropt"} | TORCHAO_FLAGS, ""),
     # stepbwd: AdamW(step_in_backward=True), gradients never all held; bf16state: AdamW(state_dtype=bfloat16)
     # offload: AdamW(offload=--offload-fraction), those updates on CPU workers with their state in host RAM
     # no flag: the memory plan (nt.plan) chooses; noplan: nntile's defaults without a plan; cpuupdate / gpuupdate:
@@ -113,7 +125,7 @@ VARIANTS = {
     "nntile": ({"ckpt", "stepbwd", "bf16state", "offload", "noplan", "cpuupdate", "gpuupdate", "bf16master",
                 "statefetch", "keptcopies", "hostckpt", "useropt", "fp32state"}, ""),
     "fsdp": ({"offload", "ckpt", "compile", "useropt"}, ""),
-    "fsdp2": ({"offload", "ckpt", "compile", "useropt"}, ""),
+    "fsdp2": ({"offload", "ckpt", "compile", "useropt"} | (TORCHAO_FLAGS - {"aooffload"}), ""),
     "deepspeed": ({"offload", "nvme", "gpu", "ckpt"}, "offload"),
 }
 DISTRIBUTED = {"fsdp", "fsdp2", "deepspeed"}
@@ -131,6 +143,9 @@ def machine_name(gpu):
 def canonical_variant(backend, text):
     allowed, default = VARIANTS[backend]
     flags = {f for f in (text or default).split("+") if f and f != "plain"}
+    if backend == "fsdp2" and "aooffload" in flags:
+        raise ValueError("fsdp2 has no variant aooffload: torchao's CPUOffloadOptimizer is for one GPU without "
+                         "sharding (fsdp2:offload is FSDP2's own CPU offload, CPUOffloadPolicy)")
     bad = flags - allowed
     if bad:
         raise ValueError(f"{backend} has no variant flag {sorted(bad)} (flags: {sorted(allowed)}, or plain)")
@@ -149,6 +164,16 @@ def canonical_variant(backend, text):
         if ours:
             raise ValueError(f"nntile variant useropt trains with torch.optim.AdamW: not with {sorted(ours)} "
                              "(settings of nt.optim.AdamW)")
+    ao = flags & TORCHAO_FLAGS
+    if ao:
+        if len(ao - {"aobf16sr"}) > 1:
+            raise ValueError(f"{backend} variants {sorted(ao - {'aobf16sr'})} each pick torchao's optimizer: "
+                             "one of them")
+        if {"aobf16sr", "aooffload"} <= flags:
+            raise ValueError("aooffload steps torch.optim.AdamW on the CPU (fp32 master weights): not with aobf16sr")
+        if "useropt" in flags:
+            raise ValueError(f"{backend} variant useropt trains with the script's torch.optim.AdamW: not with "
+                             f"torchao's optimizer ({sorted(ao)})")
     if backend == "deepspeed":  # offloads to CPU unless told gpu (no offload) or nvme
         if "gpu" in flags and flags & {"offload", "nvme"}:
             raise ValueError("deepspeed variant 'gpu' (no offload) excludes offload and nvme")
@@ -374,6 +399,13 @@ def precheck(a, cpu_only, args, world):
         return "nntile_torch is not importable"
     if cpu_only and a["backend"] in ("fsdp", "fsdp2") and "offload" in flags:
         return "CPU offload needs a GPU to offload from (none here)"
+    ao = set(flags) & TORCHAO_FLAGS
+    if ao and importlib.util.find_spec("torchao") is None:
+        return f"torchao is not installed (variants {'+'.join(sorted(ao))}): {TORCHAO_INSTALL}"
+    if "aooffload" in flags and cpu_only:
+        return "torchao's CPUOffloadOptimizer needs a GPU to offload from (none here)"
+    if "aobf16sr" in flags and a["precision"] != "bf16":
+        return f"aobf16sr trains bf16 weights: --precision bf16 only (got {a['precision']})"
     if "nvme" in flags and not args.nvme_path:
         return "the nvme variant needs --nvme-path"
     if args.batch % world:

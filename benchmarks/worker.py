@@ -25,7 +25,7 @@ import traceback
 import torch
 
 from benchmarks import models
-from benchmarks.configs import CONFIGS, MANUAL_NNTILE_FLAGS
+from benchmarks.configs import CONFIGS, MANUAL_NNTILE_FLAGS, TORCHAO_FLAGS, TORCHAO_INSTALL, peer_numerics
 
 
 
@@ -95,7 +95,7 @@ def build_model(spec, device):
         model = models.build(family(spec), spec["config"], spec["seq"])
     BUILT.update(models.describe(family(spec), model))
     if "ckpt" in spec["flags"]:
-        models.enable_checkpointing(model)
+        BUILT["checkpointing"] = models.enable_checkpointing(model)
     return model
 
 
@@ -146,9 +146,39 @@ def torch_adamw(params, spec):
 GRAD_CLIP = 1.0  # nanoGPT's train.py's grad_clip
 
 
+def torchao_optimizer(spec, params, cuda):
+    """(optimizer, its description) for the torchao variants (configs.TORCHAO_FLAGS): AdamW8bit / AdamW4bit /
+    AdamWFp8, their bf16_stochastic_round with aobf16sr (_AdamW alone), or CPUOffloadOptimizer around the fused
+    torch.optim.AdamW. Unavailable when torchao does not import or cannot run here."""
+    flags = set(spec["flags"])
+    try:
+        import torchao
+        import torchao.optim as ao
+    except Exception as e:  # noqa: BLE001  (a missing or mismatched torchao: recorded, not an error)
+        raise Unavailable(f"torchao not importable ({type(e).__name__}: {str(e).splitlines()[0][:200]}): "
+                          f"{TORCHAO_INSTALL}") from e
+    kw = {"lr": spec["lr"], "weight_decay": spec["weight_decay"]}
+    version = getattr(torchao, "__version__", "?")
+    if "aooffload" in flags:
+        if not cuda:
+            raise Unavailable("torchao's CPUOffloadOptimizer needs a GPU to offload from (none here)")
+        return (ao.CPUOffloadOptimizer(params, torch.optim.AdamW, fused=True, **kw),
+                f"torchao {version} CPUOffloadOptimizer(torch.optim.AdamW, fused=True)")
+    sr = "aobf16sr" in flags
+    if sr and spec["precision"] != "bf16":
+        raise Unavailable(f"aobf16sr trains bf16 weights: --precision bf16 only (got {spec['precision']})")
+    name = next((n for f, n in (("ao8bit", "AdamW8bit"), ("ao4bit", "AdamW4bit"), ("aofp8", "AdamWFp8"))
+                 if f in flags), "_AdamW")
+    opt = getattr(ao, name)(params, bf16_stochastic_round=sr, **kw)
+    return opt, f"torchao {version} {name}" + ("(bf16_stochastic_round=True), bf16 weights" if sr else "")
+
+
 def peer_optimizer(spec, model, cuda):
     """(optimizer, its description) for torch, fsdp and fsdp2: the harness's fused AdamW over every parameter, or
-    with the useropt flag a training script's own (models.user_optimizer: nanoGPT's weight-decay groups)."""
+    with the useropt flag a training script's own (models.user_optimizer: nanoGPT's weight-decay groups), or with a
+    torchao flag torchao's (torchao_optimizer)."""
+    if set(spec["flags"]) & TORCHAO_FLAGS:
+        return torchao_optimizer(spec, model.parameters(), cuda)
     if "useropt" in spec["flags"]:
         opt = models.user_optimizer(family(spec), model, spec["lr"], spec["weight_decay"], fused=cuda)
         return opt, ("torch.optim.AdamW (nanoGPT's weight-decay groups" + (", fused)" if cuda else ")") +
@@ -157,7 +187,13 @@ def peer_optimizer(spec, model, cuda):
 
 
 def numerics(spec, master="fp32", moments="fp32"):
-    """The numerics of a row: matmul precision, master weights' and AdamW moments' dtypes."""
+    """The numerics of a row: matmul precision, master weights' and AdamW moments' dtypes; a peer's from its variant
+    flags (configs.peer_numerics), with where its optimizer state lives (state_on: gpu, cpu or nvme)."""
+    if spec["backend"] != "nntile":
+        n = peer_numerics(spec["backend"], spec["flags"])
+        if spec.get("cpu") and n["state_on"] == "gpu":  # a CPU-only run: with the parameters, in host RAM
+            n["state_on"] = "cpu"
+        return {"matmul": spec["precision"], **n}
     return {"matmul": spec["precision"], "master": master, "moments": moments}
 
 
@@ -183,7 +219,7 @@ def compile_blocks(model):
 def setup_torch(spec, cuda, rank, world):
     device = "cuda" if cuda else "cpu"
     dev0 = init_device(spec, cuda)
-    model = build_model(spec, dev0).to(device)
+    model = build_model(spec, dev0).to(device, torch.bfloat16 if "aobf16sr" in spec["flags"] else None)
     counted = sum(p.numel() for p in model.parameters())
     opt, opt_name = peer_optimizer(spec, model, cuda)
     bf16 = spec["precision"] == "bf16"
@@ -403,6 +439,8 @@ def setup_fsdp2(spec, cuda, rank, world):
     dev0 = init_device(spec, cuda)
     model = build_model(spec, dev0)
     bf16 = spec["precision"] == "bf16"
+    if "aobf16sr" in spec["flags"]:  # torchao's bf16 stochastic rounding updates bf16 parameters: no fp32 master
+        model.to(torch.bfloat16)
     mesh = init_device_mesh("cuda" if cuda else "cpu", (world,))
     kw = {"mesh": mesh,
           "mp_policy": (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16
@@ -506,7 +544,7 @@ def setup_deepspeed(spec, cuda, rank, world):
                 with deepspeed.zero.GatheredParameters(ps, modifier_rank=0):
                     model._init_weights(m)
         if "ckpt" in flags:
-            models.enable_checkpointing(model)
+            BUILT["checkpointing"] = models.enable_checkpointing(model)
     else:
         model = build_model(spec, dev0)
     note = None

@@ -361,6 +361,52 @@ def test_report_sets_nntile_beside_each_peers_fastest_variant_with_numerics():
         throughput_table([old])
 
 
+def test_capacity_table_compares_nntile_with_each_peer_at_equal_numerics():
+    """Issue 39: each peer's largest model with the numerics it used (its own memory savers: CPU offload, torchao's
+    low-bit state), nntile's largest at fp32 state and at compact state, and nntile / peer where the numerics
+    match; a ladder that ended before any failure is a lower bound."""
+    from benchmarks.report import capacity, capacity_compare, capacity_compare_table, capacity_table
+    fp32 = {"matmul": "bf16", "master": "fp32", "moments": "fp32"}
+
+    def rec(backend, variant, config, status="ok", numerics=None):
+        return {"mode": "capacity", "backend": backend, "variant": variant, "model": "hf", "config": config,
+                "params": param_count(config, 1024), "precision": "bf16", "batch": 8, "seq": 1024, "gpus": 1,
+                "status": status, "reason": None if status == "ok" else "CUDA out of memory", "step_s": 1.0,
+                "numerics": numerics}
+    compact = {"matmul": "bf16", "master": "bf16 (blocks' matmul weights)", "moments": "bf16",
+               "by": "the memory plan"}
+    records = [rec("fsdp2", "ckpt+offload", "9.4b", numerics=dict(fp32, state_on="cpu")),
+               rec("fsdp2", "ckpt+offload", "13b", "oom"),  # failed before its worker said: from the variant
+               rec("torch", "ao8bit", "6.7b", numerics=dict(fp32, moments="uint8 block-wise (256)", state_on="gpu")),
+               rec("torch", "ao8bit", "9.4b", "oom"),
+               rec("deepspeed", "ckpt+offload", "20b", numerics=dict(fp32, state_on="cpu")),
+               rec("deepspeed", "ckpt+offload", "30b", "error"),
+               rec("nntile", "fp32state", "30b", numerics=dict(fp32, by="the memory plan")),
+               rec("nntile", "fp32state", "37b", "oom"),
+               rec("nntile", "plain", "58b", numerics=compact)]  # the ladder's top: none failed
+    caps = capacity(records)
+    table = capacity_table(caps)
+    assert "| hf | fsdp2 | ckpt+offload | bf16 | 8 x 1024 | 9.4b | 9.41B | 1.00 | 13b (12.85B): oom: CUDA out of " \
+           "memory | master fp32, moments fp32, state on CPU |" in table
+    assert "| master fp32, moments **uint8 block-wise (256)** |" in table
+    compare = capacity_compare_table(capacity_compare(caps))
+    lines = compare.splitlines()
+    assert lines[2].startswith("| hf | bf16 | 8 x 1024 | nntile | plain | master **bf16 (blocks' matmul weights)**, "
+                               "moments **bf16** (plan) | 58b (58.41B), none failed | - | - |")
+    assert "| deepspeed | ckpt+offload | master fp32, moments fp32, state on CPU | 20b (20.25B) | fp32state: 30b " \
+           "(29.97B) | 1.48x |" in compare
+    assert "| fsdp2 | ckpt+offload | master fp32, moments fp32, state on CPU | 9.4b (9.41B) | fp32state: 30b " \
+           "(29.97B) | 3.18x |" in compare
+    assert "| torch | ao8bit | master fp32, moments **uint8 block-wise (256)** | 6.7b (6.65B) | no nntile run at " \
+           "these numerics | - |" in compare
+    assert ("- hf bf16, batch 8 x 1024: nntile's largest at fp32 state 30b (29.97B) (fp32state); at compact state "
+            "58b (58.41B), none failed (plain, master bf16, moments bf16)") in compare
+    # a peer whose ladder ended first: nntile / peer is at most the ratio shown
+    caps = capacity(records + [rec("deepspeed", "ckpt+offload", "30b")])
+    assert "| 30b (29.97B), none failed | fp32state: 30b (29.97B) | <= 1.00x |" in \
+        capacity_compare_table(capacity_compare(caps))
+
+
 def test_table_shows_a_mean_the_median_hides_and_a_longer_warm_up():
     from benchmarks.report import throughput_table
     base = {"config": "xl", "params": 1557611200, "backend": "nntile", "variant": "plain", "precision": "bf16",
@@ -538,6 +584,112 @@ def test_code_commit_from_git_or_from_the_carried_file(tmp_path, monkeypatch):
     assert code_commit(str(tmp_path)) == "abc1234+changes"
     monkeypatch.setenv("BENCH_CODE_COMMIT", "def5678")  # dev/gpu_machine/h200.sh's, which wins over a stale .git
     assert code_commit(str(tmp_path)) == code_commit() == "def5678"
+
+
+def test_capacity_ladder_climbs_in_steps_of_at_most_1_5x():
+    """Issue 39: from 6.7b to the largest GPT-2 shape, consecutive capacity-ladder sizes differ by at most 1.5x, so a
+    capacity result says the largest size within 1.5x; the new rungs keep head dim 128, and their counts are the
+    model's own (built on meta, as the harness's params_counted)."""
+    import torch
+    import transformers
+    from benchmarks.configs import CAPACITY_LADDER, hf_config
+    assert CAPACITY_LADDER == sorted(CAPACITY_LADDER, key=lambda n: param_count(n, 1024))
+    top = max((n for n, s in CONFIGS.items() if s.family == "gpt2" and not n.startswith("wide")),
+              key=lambda n: param_count(n, 1024))
+    assert CAPACITY_LADDER[-1] == top and 55e9 < param_count(top, 1024) < 65e9
+    ladder = CAPACITY_LADDER[CAPACITY_LADDER.index("6.7b"):]
+    ratios = {f"{a}->{b}": param_count(b, 1024) / param_count(a, 1024) for a, b in zip(ladder, ladder[1:])}
+    assert all(1 < r <= 1.5 for r in ratios.values()), ratios
+    assert (CONFIGS["45b"].layers, CONFIGS["45b"].hidden, CONFIGS["45b"].heads) == (56, 8192, 64)
+    for name in ("9.4b", "15.5b", "37b", "45b", "58b"):
+        s = CONFIGS[name]
+        assert s.head_dim == 128 and s.heads * 128 == s.hidden, name
+        with torch.device("meta"):
+            model = transformers.GPT2LMHeadModel(hf_config(name, 1024))
+        assert sum(p.numel() for p in model.parameters()) == param_count(name, 1024), name
+
+
+def test_memory_saver_variants_parse():
+    """The peers' own memory savers: FSDP2's CPUOffloadPolicy and DeepSpeed's offloads with activation
+    checkpointing, torchao's optimizers on torch and fsdp2 (one of them; aobf16sr beside a low-bit one), and the
+    combinations that cannot mean anything refused with the reason."""
+    assert parse_backends("fsdp2:offload+ckpt,deepspeed:offload+ckpt,deepspeed:nvme+ckpt,deepspeed:ckpt", None) == [
+        ("fsdp2", "ckpt+offload"), ("deepspeed", "ckpt+offload"), ("deepspeed", "ckpt+nvme")]
+    assert parse_backends("torch:ao8bit,torch:ao4bit+aobf16sr,torch:aofp8+ckpt,torch:aobf16sr,torch:aooffload+ckpt,"
+                          "fsdp2:offload+ckpt+ao8bit", None) == [
+        ("torch", "ao8bit"), ("torch", "ao4bit+aobf16sr"), ("torch", "aofp8+ckpt"), ("torch", "aobf16sr"),
+        ("torch", "aooffload+ckpt"), ("fsdp2", "ao8bit+ckpt+offload")]
+    for bad, why in [("torch:ao8bit+ao4bit", "one of them"), ("torch:aooffload+aobf16sr", "not with aobf16sr"),
+                     ("torch:useropt+ao8bit", "useropt"), ("fsdp2:aooffload", "for one GPU"),
+                     ("fsdp:ao8bit", "no variant flag"), ("deepspeed:ao4bit", "no variant flag"),
+                     ("nntile:ao8bit", "no variant flag")]:
+        with pytest.raises(ValueError, match=why):
+            parse_backends(bad, None)
+    from benchmarks.configs import peer_numerics
+    assert peer_numerics("fsdp2", ["ckpt", "offload"]) == {"master": "fp32", "moments": "fp32", "state_on": "cpu"}
+    assert peer_numerics("deepspeed", ["ckpt", "nvme"])["state_on"] == "nvme"
+    assert peer_numerics("deepspeed", ["gpu"])["state_on"] == "gpu"
+    assert peer_numerics("torch", ["ao4bit", "aobf16sr"]) == {
+        "master": "bf16 (stochastic rounding)", "moments": "4-bit block-wise (128)", "state_on": "gpu"}
+    assert peer_numerics("torch", ["aobf16sr"])["moments"] == "bf16"
+    assert peer_numerics("torch", ["aooffload"]) == {"master": "fp32", "moments": "fp32", "state_on": "cpu"}
+
+
+@pytest.mark.parametrize("model", ["hf", "nanogpt"])
+def test_checkpointing_flag_is_recorded_as_what_it_did(model):
+    """ckpt (every peer, beside their offloads) turns checkpointing on and the record says how: a flag that did
+    nothing would read as a memory saver that was there."""
+    from benchmarks import worker
+    worker.BUILT.clear()
+    net = worker.build_model({"seed": 0, "model": model, "config": "tiny", "seq": 32, "flags": ["ckpt"]}, "cpu")
+    done = worker.BUILT["checkpointing"]
+    if model == "hf":
+        assert net.is_gradient_checkpointing and "gradient_checkpointing_enable" in done
+    else:
+        assert "torch.utils.checkpoint" in done
+
+
+def test_torchao_variants_without_torchao_are_unavailable_with_how_to_install(monkeypatch):
+    """No torchao: the harness records the attempt as unavailable (never a crash), saying how to install it; a
+    torchao that is there but does not import is unavailable in the worker, with the same advice."""
+    import importlib.util
+    from types import SimpleNamespace
+    from benchmarks import run
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torchao" else real(name, *a))
+    args = SimpleNamespace(nvme_path=None, batch=4)
+    a = {"backend": "torch", "variant": "ao8bit", "precision": "bf16"}
+    assert "pip install --no-deps torchao" in run.precheck(a, True, args, 1)
+    monkeypatch.undo()
+    assert "needs a GPU" in run.precheck(dict(a, variant="aooffload"), True, args, 1) or real("torchao") is None
+    assert "--precision bf16 only" in (run.precheck(dict(a, variant="aobf16sr", precision="tf32"), True, args, 1))
+    # the worker's own check, where the harness's found a torchao that does not import (built for another torch)
+    import torch
+    from benchmarks import worker
+    monkeypatch.setitem(sys.modules, "torchao.optim", None)  # its import raises ImportError
+    spec = {"flags": ["ao8bit"], "lr": 1e-4, "weight_decay": 0.01, "precision": "bf16"}
+    with pytest.raises(worker.Unavailable, match="torchao not importable .*pip install --no-deps torchao"):
+        worker.torchao_optimizer(spec, [torch.nn.Parameter(torch.zeros(4096))], False)
+
+
+def test_torchao_8bit_adamw_trains_on_cpu(tmp_path):
+    """torch:ao8bit at the tiny config on the CPU (torchao compiles its step with inductor's C++ backend): the same
+    weights and batches as torch's AdamW, so the same first loss, then 8-bit moments recorded in the numerics."""
+    try:
+        import torchao.optim  # noqa: F401
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"requires torchao importable with this torch ({type(e).__name__}: {e})")
+    out = tmp_path / "out"
+    harness("benchmarks.run", "--backend", "torch,torch:ao8bit", *TINY, "--out", str(out), cwd=tmp_path,
+            timeout=600)
+    recs = {r["variant"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())}
+    assert recs["ao8bit"]["status"] == "ok", recs["ao8bit"]["reason"]
+    opt = recs["ao8bit"]["env"]["optimizer"]
+    assert opt.startswith("torchao ") and "AdamW8bit" in opt
+    assert recs["ao8bit"]["numerics"] == {"matmul": "tf32", "master": "fp32", "moments": "uint8 block-wise (256)",
+                                          "state_on": "cpu"}  # a CPU-only run's state is in host RAM
+    assert recs["ao8bit"]["losses"][0] == pytest.approx(recs["plain"]["losses"][0], rel=1e-6)
+    assert all(math.isfinite(v) for v in recs["ao8bit"]["losses"])
 
 
 def test_nvme_param_swap_buffers_hold_every_parameter():
