@@ -662,16 +662,17 @@ def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, 
         nt.optim.AdamW(twin.parameters(), offload_update="disk")
 
 
+@pytest.mark.parametrize("state", [torch.bfloat16, torch.uint8], ids=["moments=bf16", "moments=8bit"])
 @pytest.mark.parametrize("where", ["cpu", "gpu"])
-def test_training_with_bf16_master_weights_under_a_plan_is_the_same_as_by_hand(device, where):
+def test_training_with_bf16_master_weights_under_a_plan_is_the_same_as_by_hand(device, where, state):
     """master_dtype=torch.bfloat16 in a plan with two host blocks: convert() keeps exactly the blocks' matmul weights
     as bf16 tiles (float32 to torch; the embeddings, norms and biases stay fp32), the host blocks' made in host RAM;
     the training is bit for bit the same as the same choices made by hand (ParamState.keep_bf16_master, AdamW with bf16
-    states, host updates), and the bf16 weights move."""
+    or 8-bit states, host updates), and the bf16 weights move."""
     import warnings
     plan = nt.plan(gpt2(n_layer=4), batch=4, seq=37, precision="bf16", gpu_memory="1GiB", host_blocks=2,
-                   checkpointing=True, host_update=where, master_dtype=torch.bfloat16)
-    assert plan.master_dtype == torch.bfloat16 and plan.state_dtype == torch.bfloat16
+                   checkpointing=True, host_update=where, master_dtype=torch.bfloat16, state_dtype=state)
+    assert plan.master_dtype == torch.bfloat16 and plan.state_dtype == state
     names = set(plan.bf16_master_parameter_names())
     ours = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37, plan=plan)
     if device == "cpu":
@@ -690,7 +691,7 @@ def test_training_with_bf16_master_weights_under_a_plan_is_the_same_as_by_hand(d
             nt.param_state(p).keep_bf16_master(on_host=n in host)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-3, step_in_backward=True, state_dtype=torch.bfloat16,
+        opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-3, step_in_backward=True, state_dtype=state,
                                offload=[p for n, p in twin.named_parameters() if n in host], offload_update=where)
     losses = _train(ours, opt, steps=4, device=device)
     assert losses == _train(twin, opt_t, steps=4, device=device)
