@@ -62,7 +62,8 @@ def choose(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_bac
     if host_update not in (None, "cpu", "gpu", "mixed"):
         raise ValueError(f"host_update must be 'cpu', 'gpu', 'mixed' or None (got {host_update!r})")
     if state_dtype not in (None, torch.float32, torch.bfloat16, torch.uint8):
-        raise ValueError(f"state_dtype must be torch.float32, torch.bfloat16, torch.uint8 or None (got {state_dtype!r})")
+        raise ValueError("state_dtype must be torch.float32, torch.bfloat16, torch.uint8 or None "
+                         f"(got {state_dtype!r})")
     if master_dtype not in (None, torch.float32, torch.bfloat16):
         raise ValueError(f"master_dtype must be torch.float32, torch.bfloat16 or None (got {master_dtype!r})")
     if bf16_per_use not in (None, True, False):

@@ -109,9 +109,9 @@ NNTILE_CPU_CLONES void adamw_q8_cpu(int64_t n, const AdamWScalars &s, const floa
         adamw_q8_loop<false>(n, s, 0, grad, param, exp_avg, exp_avg_sq, copy);
 }
 
-NNTILE_CPU_CLONES void adamw_q8_bf16_cpu(int64_t n, const AdamWScalars &s, uint64_t seed, const float *__restrict__ grad,
-                                         uint16_t *__restrict__ param, float *__restrict__ exp_avg,
-                                         float *__restrict__ exp_avg_sq) {
+NNTILE_CPU_CLONES void adamw_q8_bf16_cpu(int64_t n, const AdamWScalars &s, uint64_t seed,
+                                         const float *__restrict__ grad, uint16_t *__restrict__ param,
+                                         float *__restrict__ exp_avg, float *__restrict__ exp_avg_sq) {
     if (lerp_small_weight(s))
         adamw_q8_loop<true>(n, s, seed, grad, param, exp_avg, exp_avg_sq, (uint16_t *)nullptr);
     else
