@@ -317,7 +317,8 @@ PYBIND11_MODULE(_C, m) {
           py::arg("init_state"), py::arg("seed") = 0, py::arg("copy") = nullptr);
     m.def("adamw_q8", &ops::adamw_q8, nogil, py::arg("grad"), py::arg("param"), py::arg("exp_avg"),
           py::arg("exp_avg_sq"), py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"),
-          py::arg("weight_decay"), py::arg("step"), py::arg("init_state"), py::arg("copy") = nullptr);
+          py::arg("weight_decay"), py::arg("step"), py::arg("init_state"), py::arg("seed") = 0,
+          py::arg("copy") = nullptr);
     // The 8-bit moments' layout (kernels/adamw_q8.h), for the optimizer and the tests.
     m.def("q8_blocks", [](int64_t n) { return kernels::q8_blocks(n); }, py::arg("n"));
     m.def("q8_words", [](int64_t n) { return kernels::q8_words(n); }, py::arg("n"));

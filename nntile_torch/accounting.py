@@ -3,6 +3,7 @@ placements, plan.py applies and prints the one chosen): bytes per memory tier (G
 traffic, and a predicted step time from the rates (rates.py); and the machine's capacities they are weighed against.
 """
 import dataclasses
+import math
 import os
 
 import torch
@@ -62,18 +63,30 @@ def per_use_copies(precision, checkpointing, master_dtype):
     return precision == "bf16" and checkpointing and master_dtype != torch.bfloat16
 
 
+# Bytes both AdamW moments take per parameter element, by AdamW's state_dtype (optim.state_bytes_per_param): fp32,
+# bf16, or 8-bit block-wise (one code byte each, one float32 scale each per 256 elements; a tile's partial last block
+# and code word add at most 14 bytes per tile, which the plan does not count).
+MOMENT_BYTES = {torch.float32: 8, torch.bfloat16: 4, torch.uint8: 2 + 8 / 256}
+
+
+def moment_bytes(state_dtype):
+    return MOMENT_BYTES[state_dtype]
+
+
 def state_bytes(numel, mm, precision, moment, bf16_master):
     """Persistent bytes of `numel` parameter elements of which `mm` are matmul weights: master weight (fp32, or bf16
-    for block matmul weights with bf16 masters), AdamW moments, and the bf16 copy a matmul reads in bf16 mode."""
+    for block matmul weights with bf16 masters), AdamW moments (`moment` bytes per element: MOMENT_BYTES), and the
+    bf16 copy a matmul reads in bf16 mode. Per parameter: fp32 master + fp32 moments 12 (+2 copy), + bf16 moments 8
+    (+2), bf16 master + bf16 moments 6, fp32 master + 8-bit moments 6.03 (+2), bf16 master + 8-bit moments 4.03."""
     if bf16_master:
-        return numel * (4 + moment) - 2 * mm  # the matmul weights: 2 + moment, no copy
-    return numel * (4 + moment) + (2 * mm if precision == "bf16" else 0)
+        return math.ceil(numel * (4 + moment)) - 2 * mm  # the matmul weights: 2 + moment, no copy
+    return math.ceil(numel * (4 + moment)) + (2 * mm if precision == "bf16" else 0)
 
 
 def evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
     """Bytes per tier, traffic and predicted time of one option; None for the tiers when it does not fit, with the
     bytes missing per tier. Arithmetic on per-block sums (ModelFacts.sums): constant time per option."""
-    moment = 8 if opt.state_dtype == torch.float32 else 4
+    moment = moment_bytes(opt.state_dtype)
     bf16_master = opt.master_dtype == torch.bfloat16
     per_use = opt.bf16_per_use
     blocks, (rest_numel, rest_mm), tails = facts.sums()
@@ -166,7 +179,7 @@ def evaluate(facts, batch, seq, precision, opt, cap, rates, lookahead):
         return numel * (4 + 8 + 2 * moment + (6 if precision == "bf16" else 0))
     to_gpu = 2 * weight_bytes * host_numel  # forward and backward
     # GPU updates: master weight and moments to the update (a bf16 master is there already for the backward)...
-    to_gpu += (4 + moment) * gup_numel - (4 * gup_mm if bf16_master else 0)
+    to_gpu += math.ceil((4 + moment) * gup_numel) - (4 * gup_mm if bf16_master else 0)
     to_host = state_bytes(gup_numel, gup_mm, precision, moment, bf16_master)  # ... and back, with the new bf16 copy
     to_host += 4 * cpu_numel  # CPU updates: fp32 gradients
     to_gpu, to_host = to_gpu + ckpt_bytes, to_host + ckpt_bytes

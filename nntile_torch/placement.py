@@ -61,8 +61,9 @@ def choose(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_bac
             raise ValueError(f"{name} must be a positive int (got {v!r})")
     if host_update not in (None, "cpu", "gpu", "mixed"):
         raise ValueError(f"host_update must be 'cpu', 'gpu', 'mixed' or None (got {host_update!r})")
-    if state_dtype not in (None, torch.float32, torch.bfloat16):
-        raise ValueError(f"state_dtype must be torch.float32, torch.bfloat16 or None (got {state_dtype!r})")
+    if state_dtype not in (None, torch.float32, torch.bfloat16, torch.uint8):
+        raise ValueError("state_dtype must be torch.float32, torch.bfloat16, torch.uint8 or None "
+                         f"(got {state_dtype!r})")
     if master_dtype not in (None, torch.float32, torch.bfloat16):
         raise ValueError(f"master_dtype must be torch.float32, torch.bfloat16 or None (got {master_dtype!r})")
     if bf16_per_use not in (None, True, False):
@@ -75,7 +76,8 @@ def choose(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_bac
     if master_dtype == torch.bfloat16 and precision != "bf16":
         raise ValueError(f"master_dtype=torch.bfloat16 needs precision='bf16' (got {precision!r})")
     if master_dtype == torch.bfloat16 and state_dtype == torch.float32:
-        raise ValueError("master_dtype=torch.bfloat16 keeps the moments in bf16 too (state_dtype=torch.float32 given)")
+        raise ValueError("master_dtype=torch.bfloat16 keeps compact moments, bf16 or 8-bit (state_dtype=torch.float32 "
+                         "given)")
     if cpu_update_blocks is not None and (isinstance(cpu_update_blocks, bool) or not isinstance(cpu_update_blocks, int)
                                           or cpu_update_blocks < 0):
         raise ValueError(f"cpu_update_blocks must be an int >= 0 (got {cpu_update_blocks!r})")
@@ -121,15 +123,17 @@ def choose(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_bac
         counts = {"cpu": [k], "gpu": [0], "mixed": range(1, k)}.get(host_update, range(k + 1))
         return [c for c in counts if cpu_update_blocks is None or c == cpu_update_blocks]
 
-    def search(masters, in_host=(False,)):
+    def search(rungs, in_host=(False,), tiers_cap=cap):
+        """The placements of the state rungs [(master dtype, moments dtype)] under the pins, costed against
+        tiers_cap: (considered [(option, tiers, missing, disk bytes counted on)], feasible [(option, tiers, traffic,
+        times)])."""
         considered, feasible = [], []
+        masters = list(dict.fromkeys(m for m, _ in rungs))
         for master, hc in ((m, h) for h in in_host for m in masters):
             for ckpt in choices(checkpointing, [False, True]):
                 if hc and not ckpt:
                     continue
-                for sd in choices(state_dtype, [torch.float32, torch.bfloat16]):
-                    if master == torch.bfloat16 and sd != torch.bfloat16:
-                        continue
+                for sd in [d for m, d in rungs if m == master]:
                     for sib in choices(step_in_backward, [False, True]):
                         counts = [host_blocks] if host_blocks is not None else \
                             (range(facts.n_layer + 1) if cap.gpu_bytes and facts.n_layer else [0])
@@ -139,22 +143,41 @@ def choose(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_bac
                             for c in cpu_counts(k):
                                 pu = per_use_copies(precision, ckpt, master) and bf16_per_use is not False
                                 opt = Option(sd, sib, ckpt, k, c, master, pu, hc)
-                                tiers, traffic, times, missing = evaluate(facts, batch, seq, precision, opt, cap,
-                                                                           rates, lookahead)
-                                considered.append((opt, tiers, missing))
+                                tiers, traffic, times, missing = evaluate(facts, batch, seq, precision, opt,
+                                                                           tiers_cap, rates, lookahead)
+                                considered.append((opt, tiers, missing, tiers_cap.disk_bytes))
                                 if not missing:
                                     feasible.append((opt, tiers, traffic, times))
                                     if not _explain_failure:  # a fix being checked: whether any fits is enough
                                         return considered, feasible
         return considered, feasible
 
-    bf16_possible = precision == "bf16" and state_dtype != torch.float32 and facts.n_layer
-    # The exact placements first; then bf16 master weights; checkpoints in host RAM only when asked for
+    # The state only as compact as it must be to fit (docs/memory_plan.md, "Compact state"): the ladder's rungs under
+    # the pins in order, each without the disk node, then the last (most compact) one with it. fp32 and bf16 moments
+    # (fp32 masters) are searched together so that their placements are the alternatives of each other, but one with
+    # bf16 moments is taken only when none with fp32 moments fits.
+    bf16_masters = master_dtype == torch.bfloat16 or bool(precision == "bf16" and facts.n_layer)
+    rungs = state_rungs(state_dtype, master_dtype, bf16_masters)
     hc_first = [True] if host_checkpoints else [False]
-    considered, feasible = search(choices(master_dtype, [torch.float32]), hc_first)
-    if not feasible and master_dtype is None and bf16_possible:  # fp32 master weights fit nowhere: bf16 ones
-        more, feasible = search([torch.bfloat16], hc_first)
+    no_disk = dataclasses.replace(cap, disk_bytes=0)
+    tries = [(r, False) for r in rungs] + ([(rungs[-1], True)] if rungs and cap.disk_bytes else [])
+    together = [(torch.float32, torch.float32), (torch.float32, torch.bfloat16)]
+    considered, feasible, pool = [], [], []
+    steps = []  # the tries that fit nowhere, in order: (rung, with the disk node, closest (option, tiers, missing))
+    i = 0
+    while i < len(tries) and not feasible:
+        rung, disk = tries[i]
+        group = [rung] + ([together[1]] if [rung] == together[:1] and tries[i + 1:i + 2] == [(together[1], False)]
+                          else [])
+        more, found = search(group, hc_first, cap if disk else no_disk)
         considered += more
+        for r in group:
+            mine = [e for e in found if (e[0].master_dtype, e[0].state_dtype) == r]
+            if mine:
+                feasible, pool = mine, found
+                break
+            steps.append((r, disk, _closest([e for e in more if (e[0].master_dtype, e[0].state_dtype) == r])))
+        i += len(group)
     if not considered:
         raise ValueError("no placement has the pinned choices (host_blocks, host_update, cpu_update_blocks): "
                          f"{host_blocks}, {host_update}, {cpu_update_blocks}")
@@ -168,8 +191,7 @@ def choose(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_bac
         # error names them when they would make it fit by the arithmetic.
         hc_fits = False
         if host_checkpoints is None and cap.gpu_bytes and checkpointing is not False and facts.n_layer:
-            masters = choices(master_dtype, [torch.float32] + ([torch.bfloat16] if bf16_possible else []))
-            hc_fits = bool(search(masters, [True])[1])
+            hc_fits = bool(search(rungs, [True])[1])
         pins = dict(state_dtype=state_dtype, step_in_backward=step_in_backward, checkpointing=checkpointing,
                     host_blocks=host_blocks, host_update=host_update, cpu_update_blocks=cpu_update_blocks,
                     master_dtype=master_dtype, bf16_per_use=bf16_per_use, host_checkpoints=host_checkpoints)
@@ -200,25 +222,61 @@ def choose(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_bac
     # Of the placements within ~3% of the fastest: the most exact (fp32 moments, updates in step(), no
     # checkpointing), then the one that leaves the most room on its fuller tier (more host blocks cost nothing
     # while the GPU, not PCIe or the CPU updates, sets the step time).
-    fastest = min(t["step_s"] for _, _, _, t in feasible)
+    def ordered(entries):
+        fastest = min(t["step_s"] for _, _, _, t in entries)
 
-    def key(entry):
-        opt, tiers, _, times = entry
-        exactness = (opt.state_dtype != torch.float32, opt.step_in_backward, opt.checkpointing)
-        return (times["step_s"] > 1.03 * fastest, exactness, -slack(tiers), times["step_s"])
-    feasible.sort(key=key)
-    best = feasible[0]
-    alternatives = [(o, t["step_s"]) for o, _, _, t in feasible[1:6]]  # the next ones in that order
-    return facts, cap, rates, best, alternatives
+        def key(entry):
+            opt, tiers, _, times = entry
+            exactness = (opt.state_dtype != torch.float32, opt.step_in_backward, opt.checkpointing)
+            return (times["step_s"] > 1.03 * fastest, exactness, -slack(tiers), times["step_s"])
+        return sorted(entries, key=key)
+    best = ordered(feasible)[0]
+    # the next ones in that order, of the rungs searched last (with fp32 moments, the bf16-moment ones beside them)
+    alternatives = [(o, t["step_s"]) for o, _, _, t in ordered(pool) if o is not best[0]][:5]
+    return facts, cap, rates, best, alternatives, steps
+
+
+# The state's ladder (docs/memory_plan.md, "Compact state"): (master weights, moments), from the most exact to the most
+# compact. 8-bit moments with fp32 masters only where bf16 masters are out (pinned, or not at this precision): with
+# them, bf16 master weights and bf16 moments take less (6 bytes per matmul weight against 4 + 2 + 2).
+LADDER = [(torch.float32, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.bfloat16),
+          (torch.float32, torch.uint8), (torch.bfloat16, torch.uint8)]
+
+
+def state_rungs(state_dtype, master_dtype, bf16_masters=True):
+    """The rungs of LADDER nt.plan tries, in order, under its pins state_dtype and master_dtype (None: free);
+    bf16_masters: whether bf16 master weights are possible (precision bf16, a model with blocks)."""
+    rungs = [(m, d) for m, d in LADDER if (master_dtype is None or m == master_dtype)
+             and (state_dtype is None or d == state_dtype) and (m == torch.float32 or bf16_masters)]
+    if (torch.bfloat16, torch.bfloat16) in rungs and (torch.float32, torch.uint8) in rungs:
+        rungs.remove((torch.float32, torch.uint8))
+    return rungs
+
+
+def describe_rung(rung):
+    """What a rung of the ladder keeps, as print(plan) and the errors say it."""
+    return {(torch.float32, torch.float32): "fp32 master weights and moments",
+            (torch.float32, torch.bfloat16): "bf16 moments",
+            (torch.bfloat16, torch.bfloat16): "bf16 master weights (and bf16 moments)",
+            (torch.float32, torch.uint8): "8-bit moments",
+            (torch.bfloat16, torch.uint8): "bf16 master weights and 8-bit moments"}[tuple(rung)]
+
+
+def _closest(considered):
+    """Of the (option, tiers, missing, disk bytes) considered, the one that misses the fewest bytes (None if none)."""
+    return min(considered, key=lambda e: sum(e[2].values()), default=None)
+
+
+def say_missing(missing):
+    """{"gpu": bytes, "host": bytes} as 'gpu 3.1 GiB, host 120 MiB missing'."""
+    return ", ".join(f"{tier} {format_bytes(b)}" for tier, b in missing.items()) + " missing"
 
 
 def _explain(facts, batch, seq, considered, cap, host_checkpoints_fit=False):
     """The message (without what would make it fit: _fixes) and missing bytes of the option closest to fitting."""
-    def shortfall(entry):
-        return sum(entry[2].values())
-    opt, tiers, missing = min(considered, key=shortfall)
+    opt, tiers, missing, disk = _closest(considered)
     parts = [f"{tier}: {format_bytes(b)} missing (needs {format_bytes(sum(tiers[tier].values()))} of "
-             f"{format_bytes(cap.gpu_bytes if tier == 'gpu' else cap.host_bytes + cap.disk_bytes)})"
+             f"{format_bytes(cap.gpu_bytes if tier == 'gpu' else cap.host_bytes + disk)})"
              for tier, b in missing.items()]
     def tier(b):
         return format_bytes(b) if b else "none"
@@ -266,18 +324,25 @@ def _fixes(batch, precision, pins, cap, missing, fits):
             lo, hi = (mid, hi) if fits({"batch": mid}) else (lo, mid)
         fixes.append({"batch": lo})
     # The choices nt.plan searched already cannot help unless pinned otherwise (or precision changes)
-    if pins["state_dtype"] == torch.float32 and fits({"state_dtype": torch.bfloat16}):
-        fixes.append({"state_dtype": torch.bfloat16})
+    # A pinned state released one rung of compactness at a time: the first that fits (fp32 -> bf16 -> 8-bit moments)
+    compact = [torch.float32, torch.bfloat16, torch.uint8]
+    if pins["state_dtype"] in compact[:-1]:
+        for sd in compact[compact.index(pins["state_dtype"]) + 1:]:
+            if fits({"state_dtype": sd}):
+                fixes.append({"state_dtype": sd})
+                break
     for change in ({"checkpointing": True}, {"step_in_backward": True}):
         key = next(iter(change))
         if pins[key] is False and fits(change):
             fixes.append(change)
     if pins["master_dtype"] != torch.bfloat16:
-        change = {"master_dtype": torch.bfloat16, "state_dtype": torch.bfloat16}
-        if precision != "bf16":
-            change["precision"] = "bf16"
-        if fits(change):
-            fixes.append(change)
+        for sd in (torch.bfloat16, torch.uint8):  # the lesser of the two that fits
+            change = {"master_dtype": torch.bfloat16, "state_dtype": sd}
+            if precision != "bf16":
+                change["precision"] = "bf16"
+            if fits(change):
+                fixes.append(change)
+                break
     if "host" in missing:
         for arg, base in (("disk_limit", cap.disk_bytes), ("host_memory", cap.host_bytes)):
             least = _least_bytes(fits, arg, base, missing["host"])
@@ -301,9 +366,15 @@ def _say_fixes(fixes, host_checkpoints_fit=False):
             said.append(f"a host limit of at least {format_bytes(f['host_memory'])} (nt.init(host_memory_limit=...))")
         elif "gpu_memory" in f:
             said.append(f"a GPU limit of at least {format_bytes(f['gpu_memory'])}")
+        elif "master_dtype" in f and f.get("state_dtype") == torch.uint8:
+            said.append(("precision='bf16' with " if "precision" in f else "")
+                        + "master_dtype=torch.bfloat16 and state_dtype=torch.uint8 (bf16 master weights and 8-bit "
+                        "moments: about 10 bytes per matmul weight less)")
         elif "master_dtype" in f:
             said.append(("precision='bf16' with " if "precision" in f else "")
                         + "master_dtype=torch.bfloat16 (bf16 master weights and moments: 8 bytes per matmul weight less)")
+        elif f.get("state_dtype") == torch.uint8:
+            said.append("state_dtype=torch.uint8 (8-bit block-wise moments: about 6 bytes per parameter less than fp32)")
         elif "state_dtype" in f:
             said.append("state_dtype=torch.bfloat16 (bf16 moments: 4 bytes per parameter less)")
         elif "checkpointing" in f:

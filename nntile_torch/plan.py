@@ -22,10 +22,12 @@ The plan's parts, one job each: facts.py reads the model, costs.py is what each 
 adds up one placement's bytes, traffic and time, placement.py searches over placements, rates.py holds the rates;
 this module is the plan chosen: how it is applied (plan.apply, plan.optimizer) and printed.
 """
+import math
+
 import torch
 
-from .accounting import GiB, format_bytes, format_count
-from .placement import choose
+from .accounting import GiB, format_bytes, format_count, moment_bytes
+from .placement import choose, describe_rung, say_missing
 # What was imported from here before the plan's parts had modules of their own:
 from .accounting import Capacity, machine_capacity as _machine_capacity, per_use_copies  # noqa: F401,E402
 from .facts import ModelFacts, ParamInfo, StepCosts, activation_bytes, model_facts  # noqa: F401,E402
@@ -38,7 +40,7 @@ class MemoryPlan:
     that follow and a predicted step time. Made by nt.plan(); print() it to read it."""
 
     def __init__(self, facts, batch, seq, precision, option, capacity, rates, tiers, traffic, times, lookahead,
-                 alternatives, pinned_master=False):
+                 alternatives, pinned_master=False, steps=()):
         self.facts, self.batch, self.seq, self.precision = facts, batch, seq, precision
         self.state_dtype = option.state_dtype
         self.step_in_backward = option.step_in_backward
@@ -59,7 +61,10 @@ class MemoryPlan:
         self.traffic = traffic  # {"pcie_to_gpu": bytes, "pcie_to_host": bytes, "disk": bytes} per step
         self.times = times  # {"gpu_s", "pcie_s", "host_update_s", "disk_s", "step_s"}
         self.lookahead = lookahead
-        self.alternatives = alternatives  # [(Option, step_s or None, reason)] the others considered
+        self.alternatives = alternatives  # [(Option, step_s)] the others considered
+        # The state's ladder as nt.plan climbed it (placement.LADDER): each (master, moments) rung that fit in no
+        # placement, with or without the disk node, and the closest of its placements (option, tiers, missing, disk)
+        self.steps = list(steps)
         self.limits = {}  # nt.init's limits for the capacities given to nt.plan (init_kwargs, init)
 
     # -- what the plan decided -------------------------------------------------------------------------------
@@ -120,13 +125,13 @@ class MemoryPlan:
         for the blocks' matmul weights with master_dtype=torch.bfloat16), AdamW moments, bf16 copies (what
         nt.memory_summary() lists as weight/bias, exp_avg/exp_avg_sq, *.bf16)."""
         numel = sum(p.numel for p in self.facts.params)
-        moment = 8 if self.state_dtype == torch.float32 else 4
+        moment = moment_bytes(self.state_dtype)
         bf16_masters = set(self.bf16_master_parameter_names())
         in_bf16 = sum(p.numel for p in self.facts.params if p.name in bf16_masters)
         per_use = set(self.bf16_per_use_parameter_names())
         copies = sum(p.numel for p in self.facts.params if p.matmul and p.name not in bf16_masters
                      and p.name not in per_use) if self.precision == "bf16" else 0
-        return {"parameters": 4 * numel - 2 * in_bf16, "moments": moment * numel, "bf16 copies": 2 * copies}
+        return {"parameters": 4 * numel - 2 * in_bf16, "moments": math.ceil(moment * numel), "bf16 copies": 2 * copies}
 
     def bytes(self, tier):
         return sum(self.tiers.get(tier, {}).values())
@@ -261,6 +266,19 @@ class MemoryPlan:
         return f"<MemoryPlan {format_count(self.facts.n_params)} parameters, batch {self.batch} x {self.seq}: " \
                f"{self.host_blocks}/{self.facts.n_layer} blocks in host RAM, step {self.times['step_s']:.2f} s>"
 
+    def reasons(self):
+        """One line per step up the state's ladder: what was taken and why (the rung before fit in no placement,
+        with how much its closest placement missed), as print(plan) shows them."""
+        lines, chosen = [], ((self.master_dtype, self.state_dtype), bool(self.tiers.get("disk")))
+        tries = [(rung, disk) for rung, disk, _ in self.steps] + [chosen]
+        for (rung, disk, closest), (nxt, nxt_disk) in zip(self.steps, tries[1:]):
+            taken = "the disk node" if nxt_disk and not disk else describe_rung(nxt)
+            where = "GPU, host RAM and the disk node" if disk else "GPU and host RAM" if self.capacity.gpu_bytes \
+                else "host RAM"
+            miss = f" (closest: {say_missing(closest[2])})" if closest is not None else ""
+            lines.append(f"  why {taken}: {describe_rung(rung)} fit in no placement in {where}{miss}")
+        return lines
+
     def _where_updated(self):
         f, cap = self.facts, self.capacity
         on_gpu = "on the GPU (state fetched and written back)"
@@ -283,9 +301,13 @@ class MemoryPlan:
                     f"in host RAM and are updated {self._where_updated()}"
                     + f", GPU prefetches {self.lookahead} blocks ahead" if self.host_blocks else
                     "every tile on the GPU" if cap.gpu_bytes else "every tile in host RAM")]
+        if self.state_dtype == torch.uint8:
+            lines.append("  moments: 8-bit block-wise (bitsandbytes' 8-bit AdamW scheme: a code byte per element, a "
+                         "float32 scale per 256)")
         if self.master_dtype == torch.bfloat16:
             lines.append("  master weights: bf16 for the blocks' matmul weights (stochastic rounding, no separate bf16 "
-                         "copy)" + ("" if self.pinned_master else ": fp32 master weights fit in no placement"))
+                         "copy)")
+        lines += self.reasons()
         if self.host_checkpoints:
             lines.append("  checkpoints: every block's input in host RAM, fetched back for its recompute "
                          f"{self.lookahead} blocks ahead (host_checkpoints=True)")
@@ -325,9 +347,12 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     step_in_backward, checkpointing, host_blocks, host_update ("cpu", "gpu" or "mixed"), cpu_update_blocks (how many
     of the host blocks, the last ones, CPU workers update; the others are updated on the GPU) and master_dtype pin a
     choice; left as None the plan picks, among the placements that fit, the one with the shortest predicted step,
-    the more exact one on a tie (fp32 moments, updates in step(), no checkpointing). Master weights stay fp32 unless
-    no placement with them fits: then the blocks' matmul weights are kept in bf16 alone (stochastic rounding in the
-    update, 4 bytes per parameter less), and print(plan) says so; master_dtype=torch.float32 refuses that.
+    the more exact one on a tie (fp32 moments, updates in step(), no checkpointing). The state is made compact only as
+    far as needed to fit, in order (placement.LADDER, docs/memory_plan.md "Compact state"): fp32 master weights and
+    moments, bf16 moments, bf16 master weights for the blocks' matmul weights (stochastic rounding in the update, no
+    separate bf16 copy), bf16 master weights with 8-bit moments (state_dtype=torch.uint8), then the disk node;
+    print(plan) says why each step was taken. state_dtype and master_dtype pins leave out the steps that disagree
+    (master_dtype=torch.float32 refuses bf16 master weights).
     With bf16 matmuls and checkpointing, the GPU-resident blocks' bf16 weight copies are made per use (at each
     forward and recompute) instead of kept between steps, 2 bytes per parameter of GPU memory less;
     bf16_per_use=False keeps them (the same values either way). With checkpointing and a GPU, the blocks' inputs (what
@@ -337,14 +362,14 @@ def plan(model, batch, seq, precision="bf16", *, state_dtype=None, step_in_backw
     docs/measurements.md), but the error names it when it would make the model fit.
     Raises InsufficientMemoryError, before anything is allocated, when none fits, saying how many bytes are missing
     where and what would make it fit (each change it names checked by planning again with it: seconds at 30B)."""
-    facts, cap, rates, (option, tiers, traffic, times), alternatives = choose(
+    facts, cap, rates, (option, tiers, traffic, times), alternatives, steps = choose(
         model, batch, seq, precision, state_dtype=state_dtype, step_in_backward=step_in_backward,
         checkpointing=checkpointing, host_blocks=host_blocks, host_update=host_update,
         cpu_update_blocks=cpu_update_blocks, master_dtype=master_dtype, bf16_per_use=bf16_per_use,
         host_checkpoints=host_checkpoints, gpu_memory=gpu_memory, host_memory=host_memory, disk_limit=disk_limit,
         lookahead=lookahead, rates=rates, _facts=_facts, _cap=_cap)
     made = MemoryPlan(facts, batch, seq, precision, option, cap, rates, tiers, traffic, times, lookahead,
-                      alternatives, pinned_master=master_dtype is not None)
+                      alternatives, pinned_master=master_dtype is not None, steps=steps)
     for arg, given, value in (("cuda_memory_limit", gpu_memory, cap.gpu_bytes),
                               ("host_memory_limit", host_memory, cap.host_bytes),
                               ("disk_limit", disk_limit, cap.disk_bytes)):

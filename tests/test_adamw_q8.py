@@ -94,6 +94,31 @@ def adamw_q8_reference(p, g, m_state, v_state, lr, beta1, beta2, eps, wd, step):
     return p, quantize(m, MAP_S), quantize(v, MAP_U)
 
 
+MASK64 = 2**64 - 1
+
+
+def hash64(seed, i):
+    """kernels/adamw_impl.h's hash64: splitmix64's finalizer of seed + (i + 1) * golden ratio, on Python ints."""
+    z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def bf16_stochastic(p, tile_seed):
+    """Float32 values p (a flattened tile) rounded to bf16 as the bf16-master updates do: element i adds bits 32..47
+    of hash64(tile_seed, i) to its 16 dropped bits and truncates (finite values only); returned as float32."""
+    r16 = torch.tensor([(hash64(tile_seed, i) >> 32) & 0xFFFF for i in range(p.numel())], dtype=torch.int64)
+    u = p.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    b = ((u + r16) >> 16) & 0xFFFF
+    return (b << 16).to(torch.int64).to(torch.int32).view(torch.float32)  # as int32 bits: wraps the sign bit back
+
+
+def tile_seed(seed, step, t):
+    """ops/adamw.cpp's rounding seed of parameter `seed` (its index in the optimizer), step and tile."""
+    return hash64(hash64(seed, step), t)
+
+
 def tiles_of_dense(x, tile):
     """The tiles of x (row-major grid of row-major tiles, as nntile's TileTensor), each flattened."""
     grid = [range(0, n, t) for n, t in zip(x.shape, tile)]
@@ -203,6 +228,137 @@ def test_ten_steps_match_reference(device, shape, tile, betas):
             assert (cm != ref_m[t][1]).float().mean() < 0.01 and (cv != ref_v[t][1]).float().mean() < 0.01, t
             assert torch.allclose(sm, ref_m[t][0], rtol=0.02) and torch.allclose(sv, ref_v[t][0], rtol=0.02), t
     assert ref_m[0][0].abs().max() > 0  # the zero-gradient tile decays, it does not vanish in one step
+
+
+def _train_bf16_master(device, shape, tile, betas, steps=5):
+    """AdamW(state_dtype=torch.uint8) on a bf16 master weight, and the same scheme in Python: per tile, the fp32 update
+    from the bf16 weight and the dequantized moments, the weight stored rounded stochastically (bf16_stochastic, the
+    bits the bf16-moment update rounds it with), the moments quantized as with fp32 masters."""
+    torch.manual_seed(11)
+    w0 = torch.randn(*shape).bfloat16().float()
+    p = torch.nn.Parameter(nt.TileTensor.from_dense(w0.to(device), tile))
+    nt.param_state(p).keep_bf16_master()
+    assert p.tiles.dtype == "bfloat16" and torch.equal(p.materialize().cpu(), w0)
+    kw = dict(lr=3e-2, betas=betas, eps=1e-6, weight_decay=0.1)
+    opt = nt.optim.AdamW([p], state_dtype=torch.uint8, **kw)
+    ref_p = tiles_of_dense(w0, tile)
+    ref_m = [(torch.zeros(-(-t.numel() // BLOCK)), torch.zeros(t.numel(), dtype=torch.uint8)) for t in ref_p]
+    ref_v = list(ref_m)
+    for step in range(1, steps + 1):
+        g = torch.randn(*shape) * torch.rand(*shape) ** 4 * (torch.rand(*shape) > 0.1)
+        p.grad = nt.TileTensor.from_dense(g.to(device), tile)
+        opt.step()
+        for t, gt in enumerate(tiles_of_dense(g, tile)):
+            exact, ref_m[t], ref_v[t] = adamw_q8_reference(ref_p[t], gt, ref_m[t], ref_v[t], step=step, lr=kw["lr"],
+                                                           beta1=betas[0], beta2=betas[1], eps=kw["eps"],
+                                                           wd=kw["weight_decay"])
+            ref_p[t] = bf16_stochastic(exact, tile_seed(0, step, t))  # the optimizer's first parameter: seed 0
+    return p, opt, w0, ref_p, ref_m, ref_v
+
+
+@pytest.mark.parametrize("shape,tile", SHAPES, ids=lambda v: "x".join(map(str, v)))
+@pytest.mark.parametrize("betas", [(0.9, 0.999), (0.3, 0.95)], ids=["betas=0.9,0.999", "betas=0.3,0.95"])
+def test_bf16_master_steps_match_reference(device, shape, tile, betas):
+    """8-bit moments with a bf16 master weight (nt.plan's master_dtype=torch.bfloat16 with state_dtype=torch.uint8):
+    weights, codes and scales as the Python scheme, the weight still bf16 tiles that torch sees as float32."""
+    p, opt, w0, ref_p, ref_m, ref_v = _train_bf16_master(device, shape, tile, betas)
+    assert p.tiles.dtype == "bfloat16" and p.dtype == torch.float32
+    ntiles, words = q8_layout(p)
+    assert ntiles == len(ref_p) and ntiles > 1
+    dense = p.materialize().cpu()
+    assert torch.equal(dense.bfloat16().float(), dense)
+    got_p = tiles_of_dense(dense, tile)
+    st = opt.state[p]
+    got_m = st["exp_avg"].materialize().cpu().reshape(ntiles, words)
+    got_v = st["exp_avg_sq"].materialize().cpu().reshape(ntiles, words)
+    assert (dense != w0).float().mean() > 0.5  # the weights moved (by more than bf16's spacing)
+    for t in range(ntiles):
+        n = ref_p[t].numel()
+        (sm, cm), (sv, cv) = unpack(got_m[t], n), unpack(got_v[t], n)
+        if device == "cpu":  # the same float32 operations, the same rounding bits
+            assert torch.equal(got_p[t], ref_p[t]), (t, (got_p[t] != ref_p[t]).sum().item())
+            assert torch.equal(cm, ref_m[t][1]) and torch.equal(cv, ref_v[t][1]), t
+            assert torch.equal(sm, ref_m[t][0]) and torch.equal(sv, ref_v[t][0]), t
+        else:  # nvcc's fused multiply-adds (test_ten_steps_match_reference): a few codes and weights differ
+            spacing = (ref_p[t].abs() * 2 ** -7).clamp_min(1e-30)
+            off = (got_p[t] - ref_p[t]).abs() > 0
+            assert off.float().mean() < 0.01 and ((got_p[t] - ref_p[t]).abs() <= 2 * spacing + 0.01).all(), t
+            assert (cm != ref_m[t][1]).float().mean() < 0.01 and (cv != ref_v[t][1]).float().mean() < 0.01, t
+            assert torch.allclose(sm, ref_m[t][0], rtol=0.02) and torch.allclose(sv, ref_v[t][0], rtol=0.02), t
+
+
+def test_bf16_master_rounding_is_unbiased_and_alike_with_bf16_moments(device):
+    """First step from zero moments: 8-bit and bf16 moments give the same fp32 update, so a bf16 master ends on the
+    very same bf16 value with either (the same rounding bits), one of the two around the fp32 AdamW result."""
+    torch.manual_seed(3)
+    start = torch.randn(300, 200).bfloat16().float()
+    g = torch.randn(300, 200) * torch.logspace(-4, 1, 200)
+    out = {}
+    for dtype in (torch.uint8, torch.bfloat16):
+        p = torch.nn.Parameter(nt.TileTensor.from_dense(start.clone().to(device), (128, 64)))
+        nt.param_state(p).keep_bf16_master()
+        opt = nt.optim.AdamW([p], lr=1e-2, state_dtype=dtype)
+        p.grad = nt.TileTensor.from_dense(g.clone().to(device), (128, 64))
+        opt.step()
+        out[dtype] = p.materialize().cpu()
+    ref = torch.nn.Parameter(start.clone())
+    opt = torch.optim.AdamW([ref], lr=1e-2)
+    ref.grad = g.clone()
+    opt.step()
+    exact = ref.detach()
+    down = (exact.view(torch.int32) & -65536).view(torch.float32)
+    up = ((exact.view(torch.int32) & -65536) + 65536).view(torch.float32)
+    q8 = out[torch.uint8]
+    # the same bits but where the two compiled updates' fp32 results differ by an ulp (fused multiply-adds) and that
+    # moves the sum with the rounding bits across a bf16 step: a chance of ~2^-16 per element
+    assert (q8 != out[torch.bfloat16]).sum() <= 5
+    near = (q8 == down) | (q8 == up)
+    assert near.float().mean() > 0.999  # (an ulp of the fp32 result apart from torch's, where it is exact in bf16)
+    spacing = (up - down).abs()
+    moved = spacing > 0
+    rounded_up = (q8 != down)[moved].float().mean().item()
+    dropped = ((exact - down).abs() / spacing.clamp_min(1e-45))[moved].mean().item()
+    assert moved.sum() > 50000 and abs(rounded_up - dropped) < 0.01
+
+
+def test_bf16_master_state_dict_round_trip_is_bit_exact(device):
+    shape, tile = (300, 70), (64, 48)
+    p, opt, *_ = _train_bf16_master(device, shape, tile, (0.9, 0.999), steps=3)
+    sd = opt.state_dict()
+    ntiles, words = q8_layout(p)
+    assert sd["state"][0]["exp_avg"].dtype == torch.uint8 and sd["state"][0]["exp_avg"].numel() == ntiles * words * 4
+    buf = io.BytesIO()
+    torch.save(sd, buf)
+    buf.seek(0)
+    q = torch.nn.Parameter(nt.TileTensor.from_dense(p.materialize().clone(), tile))
+    nt.param_state(q).keep_bf16_master()
+    assert torch.equal(q.materialize(), p.materialize())  # bf16 values: the conversion keeps them
+    opt2 = nt.optim.AdamW([q], lr=3e-2, eps=1e-6, weight_decay=0.1, state_dtype=torch.uint8)
+    opt2.load_state_dict(torch.load(buf))
+    g = torch.randn(*shape)
+    for param, o in ((p, opt), (q, opt2)):
+        param.grad = nt.TileTensor.from_dense(g.to(device), tile)
+        o.step()
+    assert q.tiles.dtype == "bfloat16" and torch.equal(p.materialize(), q.materialize())
+    a, b = opt.state_dict()["state"][0], opt2.state_dict()["state"][0]
+    assert all(torch.equal(a[k], b[k]) for k in ("exp_avg", "exp_avg_sq")) and int(b["step"]) == 4
+
+
+def test_bf16_master_needs_compact_moments():
+    """A bf16 master weight with fp32 moments is the one combination refused, with what to use instead; the op refuses
+    a copy for a bf16 parameter (it is its own)."""
+    w = torch.nn.Parameter(nt.TileTensor.from_dense(torch.randn(20, 30), (16, 16)))
+    nt.param_state(w).keep_bf16_master()
+    with pytest.raises(ValueError, match=r"need compact moments: state_dtype=torch.bfloat16 or torch.uint8"):
+        nt.optim.AdamW([w], lr=1e-2)
+    nt.optim.AdamW([w], lr=1e-2, state_dtype=torch.uint8)  # accepted
+    ntiles, words = q8_layout(w)
+    m = nt.TileTensor.from_dense(torch.zeros(ntiles * words), (words,))
+    v = nt.TileTensor.from_dense(torch.zeros(ntiles * words), (words,))
+    g = nt.TileTensor.from_dense(torch.randn(20, 30), (16, 16))
+    copy = nt.TileTensor.from_dense(torch.zeros(20, 30, dtype=torch.bfloat16), (16, 16))
+    with pytest.raises(RuntimeError, match="takes no copy"):
+        _C.adamw_q8(g.tiles, w.tiles, m.tiles, v.tiles, 1e-2, 0.9, 0.999, 1e-8, 0.0, 1, True, 0, copy=copy.tiles)
 
 
 def test_state_dict_round_trip_is_bit_exact(device):

@@ -662,16 +662,17 @@ def test_training_under_a_plan_with_host_blocks_is_bit_for_bit_the_same(device, 
         nt.optim.AdamW(twin.parameters(), offload_update="disk")
 
 
+@pytest.mark.parametrize("state", [torch.bfloat16, torch.uint8], ids=["moments=bf16", "moments=8bit"])
 @pytest.mark.parametrize("where", ["cpu", "gpu"])
-def test_training_with_bf16_master_weights_under_a_plan_is_the_same_as_by_hand(device, where):
+def test_training_with_bf16_master_weights_under_a_plan_is_the_same_as_by_hand(device, where, state):
     """master_dtype=torch.bfloat16 in a plan with two host blocks: convert() keeps exactly the blocks' matmul weights
     as bf16 tiles (float32 to torch; the embeddings, norms and biases stay fp32), the host blocks' made in host RAM;
     the training is bit for bit the same as the same choices made by hand (ParamState.keep_bf16_master, AdamW with bf16
-    states, host updates), and the bf16 weights move."""
+    or 8-bit states, host updates), and the bf16 weights move."""
     import warnings
     plan = nt.plan(gpt2(n_layer=4), batch=4, seq=37, precision="bf16", gpu_memory="1GiB", host_blocks=2,
-                   checkpointing=True, host_update=where, master_dtype=torch.bfloat16)
-    assert plan.master_dtype == torch.bfloat16 and plan.state_dtype == torch.bfloat16
+                   checkpointing=True, host_update=where, master_dtype=torch.bfloat16, state_dtype=state)
+    assert plan.master_dtype == torch.bfloat16 and plan.state_dtype == state
     names = set(plan.bf16_master_parameter_names())
     ours = nt.convert(gpt2(n_layer=4, device=device), precision="bf16", tile_size=384, batch_tile_size=37, plan=plan)
     if device == "cpu":
@@ -690,7 +691,7 @@ def test_training_with_bf16_master_weights_under_a_plan_is_the_same_as_by_hand(d
             nt.param_state(p).keep_bf16_master(on_host=n in host)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-3, step_in_backward=True, state_dtype=torch.bfloat16,
+        opt_t = nt.optim.AdamW(twin.parameters(), lr=1e-3, step_in_backward=True, state_dtype=state,
                                offload=[p for n, p in twin.named_parameters() if n in host], offload_update=where)
     losses = _train(ours, opt, steps=4, device=device)
     assert losses == _train(twin, opt_t, steps=4, device=device)
@@ -834,3 +835,126 @@ def test_random_memory_limits_train_the_same_or_refuse_and_never_hang(tmp_path):
         if pin not in references:
             references[pin], _ = run("4GiB", "-", f"ref{i}", pin)
         assert torch.equal(w, references[pin]), (host, disk, pin)
+
+
+# -- the state's ladder: fp32 -> bf16 moments -> bf16 master weights -> + 8-bit moments -> the disk node -------------
+LADDER = [(torch.float32, torch.float32, False), (torch.float32, torch.bfloat16, False),
+          (torch.bfloat16, torch.bfloat16, False), (torch.bfloat16, torch.uint8, False),
+          (torch.bfloat16, torch.uint8, True)]
+
+
+def _capped(model, gpu_gib, host_gib, disk_gib=0, batch=8, **pins):
+    """nt.plan on fixed rates and given capacities: the plan's pure-Python accounting, no memory of this machine."""
+    from nntile_torch.plan import Capacity, Rates
+    cap = Capacity(int(gpu_gib * GiB), int(host_gib * GiB), int(disk_gib * GiB), 1 if gpu_gib else 0, 14)
+    return nt.plan(model, batch=batch, seq=1024, rates=Rates(), _cap=cap, **pins)
+
+
+def _rung(p):
+    return LADDER.index((p.master_dtype, p.state_dtype, bool(p.tiers.get("disk"))))
+
+
+def test_moment_bytes_per_parameter_of_each_state():
+    """The plan's bytes per parameter of each (master, moments) pair are AdamW's: moments 8, 4, 2 + 8/256; a bf16
+    master weight 2 bytes and no bf16 copy; the persistent bytes of plans pinned to each rung add up so."""
+    from nntile_torch.accounting import MOMENT_BYTES, state_bytes
+    for dtype in (torch.float32, torch.bfloat16, torch.uint8):
+        assert MOMENT_BYTES[dtype] == nt.optim.state_bytes_per_param(dtype)
+    n, mm = 1024 * 1000, 1000 * 1000  # elements, of which matmul weights
+    assert state_bytes(n, mm, "bf16", 8, False) == 12 * n + 2 * mm
+    assert state_bytes(n, mm, "bf16", 4, False) == 8 * n + 2 * mm
+    assert state_bytes(n, mm, "bf16", 4, True) == 8 * n - 2 * mm  # matmul weights: 2 + 4
+    assert state_bytes(n, mm, "bf16", MOMENT_BYTES[torch.uint8], True) == 6 * n + n // 32 - 2 * mm  # 2 + 2.03
+    assert state_bytes(n, mm, "fp32", MOMENT_BYTES[torch.uint8], False) == 6 * n + n // 32
+    model = meta_gpt2(4, 512, 8)
+    numel = sum(q.numel() for q in model.parameters())
+    for master, state, _ in LADDER[:4]:
+        p = _capped(model, 80, 100, master_dtype=master, state_dtype=state)
+        assert (p.master_dtype, p.state_dtype) == (master, state) and not p.steps and "why" not in str(p)
+        got = p.persistent_bytes()
+        assert got["moments"] == math.ceil(MOMENT_BYTES[state] * numel), state
+        in_bf16 = sum(q.numel for q in p.facts.params if q.name in set(p.bf16_master_parameter_names()))
+        assert got["parameters"] == 4 * numel - 2 * in_bf16 and (in_bf16 > 0) == (master == torch.bfloat16)
+
+
+def test_plan_makes_the_state_compact_only_as_far_as_needed():
+    """A 12-block GPT-2 of width 8192 (9.7B parameters) on a 40 GiB GPU with ever less host RAM, then a disk node: the
+    plan takes, in order, fp32 state, bf16 moments, bf16 master weights, bf16 master weights with 8-bit moments, the
+    disk node; each only when the one before fits in no placement (pinned to it, the plan raises), each step printed
+    with its reason, one line per step."""
+    model = meta_gpt2(12, 8192, 64)
+    seen = {}
+    for host in range(160, 26, -6):
+        p = _capped(model, 40, host)
+        seen.setdefault(_rung(p), (host, p))
+    with pytest.raises(nt.InsufficientMemoryError):
+        _capped(model, 40, 24)
+    disk = _capped(model, 40, 24, disk_gib=400)
+    seen.setdefault(_rung(disk), (24, disk))
+    assert sorted(seen) == [0, 1, 2, 3, 4], {k: v[0] for k, v in seen.items()}
+    hosts = [seen[i][0] for i in range(4)]
+    assert hosts == sorted(hosts, reverse=True)  # less host RAM, more compact state, never the other way
+    for i, (host, p) in seen.items():
+        master, state, disk_used = LADDER[i]
+        assert (p.master_dtype, p.state_dtype, bool(p.tiers.get("disk"))) == (master, state, disk_used)
+        why = [line for line in str(p).splitlines() if line.startswith("  why ")]
+        assert len(why) == i == len(p.steps), str(p)
+        if i:
+            prev_master, prev_state, _ = LADDER[i - 1]
+            with pytest.raises(nt.InsufficientMemoryError):  # the rung before fits nowhere (without a disk node)
+                _capped(model, 40, host, master_dtype=prev_master, state_dtype=prev_state)
+            assert "fit in no placement" in why[-1] and "missing)" in why[-1]
+    assert str(seen[1][1]).count("why bf16 moments: fp32 master weights and moments fit in no placement") == 1
+    assert "why bf16 master weights (and bf16 moments): bf16 moments fit" in str(seen[2][1])
+    assert "why bf16 master weights and 8-bit moments: bf16 master weights (and bf16 moments) fit" in str(seen[3][1])
+    assert "moments: 8-bit block-wise" in str(seen[3][1]) and "AdamW moments uint8" in str(seen[3][1])
+    assert "why the disk node: bf16 master weights and 8-bit moments fit in no placement in GPU and host RAM" \
+        in str(seen[4][1])
+    # the disk node, when there is one, is used only after every rung without it: with room enough, not at all
+    assert _rung(_capped(model, 40, hosts[3], disk_gib=400)) == 3
+    assert _rung(_capped(model, 40, hosts[0], disk_gib=400)) == 0
+    # the plan's optimizer takes the 8-bit moments (AdamW(state_dtype=torch.uint8) with bf16 master weights)
+    assert seen[3][1].adamw_kwargs([])["state_dtype"] == torch.uint8
+
+
+def test_pinned_state_leaves_out_the_rungs_that_disagree():
+    """state_dtype / master_dtype pins: only their rungs; fp32 master weights with 8-bit moments where bf16 master
+    weights are out (pinned fp32 or another precision); bf16 master weights with fp32 moments refused by name."""
+    from nntile_torch.placement import state_rungs
+    f32, bf16, u8 = torch.float32, torch.bfloat16, torch.uint8
+    assert state_rungs(None, None) == [(f32, f32), (f32, bf16), (bf16, bf16), (bf16, u8)]
+    assert state_rungs(None, f32) == [(f32, f32), (f32, bf16), (f32, u8)]
+    assert state_rungs(None, None, bf16_masters=False) == [(f32, f32), (f32, bf16), (f32, u8)]
+    assert state_rungs(u8, None) == [(f32, u8), (bf16, u8)]
+    assert state_rungs(bf16, bf16) == [(bf16, bf16)]
+    model = meta_gpt2(12, 8192, 64)
+    tf32 = _capped(model, 40, 60, precision="tf32")  # no bf16 masters at tf32: 8-bit moments on fp32 masters
+    assert (tf32.master_dtype, tf32.state_dtype) == (f32, u8) and "why 8-bit moments: bf16 moments fit" in str(tf32)
+    with pytest.raises(ValueError, match="compact moments"):
+        _capped(model, 40, 60, master_dtype=bf16, state_dtype=f32)
+
+
+def test_nothing_fits_names_the_closest_state_and_real_fixes():
+    """When no rung fits, the error's closest placement is the most compact state's (bf16 master weights, 8-bit
+    moments), with the disk node's bytes where one was counted; what it suggests each fits when tried, never a bf16
+    master weight at a precision that cannot have one, never a disk node of 0 bytes."""
+    model = meta_gpt2(12, 8192, 64)
+    with pytest.raises(nt.InsufficientMemoryError) as e:
+        _capped(model, 40, 24)
+    msg = str(e.value)
+    assert "Closest (moments uint8, master weights bfloat16" in msg and " 0 GiB" not in msg, msg
+    assert "disk node of at least" in msg and e.value.fixes
+    for fix in e.value.fixes:
+        kw = {k: v for k, v in fix.items() if k not in ("gpu_memory", "host_memory", "disk_limit")}
+        caps = dict(gpu_gib=fix.get("gpu_memory", 40 * GiB) / GiB, host_gib=fix.get("host_memory", 24 * GiB) / GiB,
+                    disk_gib=fix.get("disk_limit", 0) / GiB)
+        if "disk_limit" in fix:
+            assert fix["disk_limit"] > 0
+        p = _capped(model, caps["gpu_gib"], caps["host_gib"], caps["disk_gib"], **kw)
+        assert p.bytes("gpu") <= p.capacity.gpu_bytes
+    with pytest.raises(nt.InsufficientMemoryError) as e:
+        _capped(model, 40, 24, precision="tf32")
+    assert "master_dtype" not in str(e.value) and "Closest (moments uint8, master weights float32" in str(e.value)
+    with pytest.raises(nt.InsufficientMemoryError) as e:  # pinned fp32 moments: the next compact ones named
+        _capped(model, 40, 100, state_dtype=torch.float32)
+    assert {"state_dtype": torch.bfloat16} in e.value.fixes or {"state_dtype": torch.uint8} in e.value.fixes

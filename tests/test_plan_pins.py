@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is insta
 PINS = os.path.join(os.path.dirname(__file__), "data", "plan_pins.json")
 
 SHAPES = {"small": (12, 768, 12), "xl": (48, 1600, 25), "13b": (40, 5120, 40), "20b": (44, 6144, 48),
-          "30b": (48, 7168, 56)}
+          "30b": (48, 7168, 56), "45b": (56, 8192, 64)}
 # (gpu GiB, host GiB, disk GiB, gpus, cpu workers)
 CAPACITIES = {"h200": (125.8, 109.8, 0, 1, 14), "small_host": (70.0, 60.0, 0, 1, 6),
               "disk": (125.8, 109.8, 400, 1, 14), "cpu_only": (0, 200.0, 0, 0, 8)}
@@ -37,6 +37,8 @@ CASES = [  # (shape, capacity, batch, precision, pins)
     ("30b", "h200", 16, "bf16", {}),
     ("30b", "disk", 16, "bf16", {}),
     ("30b", "small_host", 16, "bf16", {}),
+    ("45b", "h200", 8, "bf16", {}),
+    ("45b", "disk", 32, "bf16", {}),
 ]
 
 
@@ -115,14 +117,16 @@ def test_plan_output_is_pinned(case, pins):
 
 
 def test_pins_cover_the_interesting_outcomes(pins):
-    """The cases pin every kind of decision: all on the GPU, host blocks, checkpoints in host RAM, bf16 masters,
-    a disk tier, no GPU at all, and a refusal (a pin set with none of these could not catch their change)."""
+    """The cases pin every kind of decision: all on the GPU, host blocks, checkpoints in host RAM, each rung of the
+    state's ladder (fp32, bf16 moments, bf16 masters, bf16 masters with 8-bit moments, the disk tier), no GPU at all,
+    and a refusal (a pin set with none of these could not catch their change)."""
     plans = [v["summary"] for v in pins.values() if "summary" in v]
     assert any(s["host_blocks"] == 0 and s["capacity_bytes"]["gpu"] for s in plans)
     assert any(s["host_blocks"] > 0 for s in plans)
     assert any(s["host_checkpoints"] for s in plans)
-    assert any(s["master_dtype"] == "bfloat16" for s in plans)
-    assert any(s["tiers_bytes"].get("disk") for s in plans)
+    states = {(s["master_dtype"], s["state_dtype"], bool(s["tiers_bytes"].get("disk"))) for s in plans}
+    assert {("float32", "float32", False), ("float32", "bfloat16", False), ("bfloat16", "bfloat16", False),
+            ("bfloat16", "uint8", False), ("bfloat16", "uint8", True)} <= states, states
     assert any(not s["capacity_bytes"]["gpu"] for s in plans)
     assert any("error" in v for v in pins.values())
     assert len(pins) == len(CASES)

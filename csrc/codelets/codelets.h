@@ -120,9 +120,11 @@ void submit_adamw(int64_t n, const kernels::AdamWScalars &s, bool init_state, bo
                   starpu_data_handle_t grad, starpu_data_handle_t param, starpu_data_handle_t exp_avg,
                   starpu_data_handle_t exp_avg_sq, starpu_data_handle_t copy = nullptr, bool bf16_param = false);
 // The same step with 8-bit block-wise moments (kernels/adamw_q8.h): exp_avg, exp_avg_sq are float32 word tiles holding at
-// least q8_words(n) words each; init_state zeroes them first (all-zero words: zero moments). fp32 parameter only.
+// least q8_words(n) words each; init_state zeroes them first (all-zero words: zero moments). bf16_param: the parameter
+// tile is bf16 (a bf16 master weight, no copy), rounded stochastically with the bits of hash(seed, element) as
+// submit_adamw's bf16 parameters are.
 void submit_adamw_q8(int64_t n, const kernels::AdamWScalars &s, bool init_state, starpu_data_handle_t grad,
                      starpu_data_handle_t param, starpu_data_handle_t exp_avg, starpu_data_handle_t exp_avg_sq,
-                     starpu_data_handle_t copy = nullptr);
+                     starpu_data_handle_t copy = nullptr, bool bf16_param = false, uint64_t seed = 0);
 
 }  // namespace nntile::codelets

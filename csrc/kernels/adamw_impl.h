@@ -82,6 +82,16 @@ NNTILE_HD uint64_t hash64(uint64_t seed, uint64_t i) {
     return z ^ (z >> 31);
 }
 
+// A master weight as an update reads and writes it: float32 as it is; bf16 (bf16 master weights) widened, and stored
+// rounded stochastically with bits 32..47 of hash(seed, i), the bits adamw_element_bf16_w rounds its weight with, so
+// the 8-bit-moment update of a bf16 master rounds it as the bf16-moment one does.
+NNTILE_HD float master_load(float p) { return p; }
+NNTILE_HD float master_load(uint16_t p) { return bf16_to_float(p); }
+NNTILE_HD void master_store(float &dst, float p, uint64_t, int64_t) { dst = p; }
+NNTILE_HD void master_store(uint16_t &dst, float p, uint64_t seed, int64_t i) {
+    dst = float_to_bf16_stochastic(p, (uint32_t)(hash64(seed, (uint64_t)i) >> 32));
+}
+
 template <bool SmallW>
 NNTILE_HD void adamw_element_bf16state_w(const AdamWScalars &s, uint64_t seed, int64_t i, float g, float &p,
                                          uint16_t &mb, uint16_t &vb) {

@@ -53,9 +53,11 @@ inline void quantize_block(const float *map, int64_t len, const float *x, float 
     for (int64_t j = 0; j < len; ++j) codes[j] = q8_nearest(map, x[j] / d);
 }
 
-template <bool SmallW>
-void adamw_q8_loop(int64_t n, const AdamWScalars &s, const float *__restrict__ grad, float *__restrict__ param,
-                   float *__restrict__ exp_avg, float *__restrict__ exp_avg_sq, uint16_t *__restrict__ copy) {
+// Param: float (fp32 master) or uint16_t (bf16 master, rounded stochastically from hash(seed, element): master_store).
+template <bool SmallW, class Param>
+void adamw_q8_loop(int64_t n, const AdamWScalars &s, uint64_t seed, const float *__restrict__ grad,
+                   Param *__restrict__ param, float *__restrict__ exp_avg, float *__restrict__ exp_avg_sq,
+                   uint16_t *__restrict__ copy) {
     const QuantMaps8 &maps = quant_maps8();
     const int64_t nb = q8_blocks(n);
     uint8_t *cm = reinterpret_cast<uint8_t *>(exp_avg + nb), *cv = reinterpret_cast<uint8_t *>(exp_avg_sq + nb);
@@ -67,9 +69,13 @@ void adamw_q8_loop(int64_t n, const AdamWScalars &s, const float *__restrict__ g
             m[j] = maps.map_signed[cm[lo + j]] * sm;
             v[j] = maps.map_unsigned[cv[lo + j]] * sv;
         }
-        for (int64_t j = 0; j < len; ++j) adamw_element_w<SmallW>(s, grad[lo + j], param[lo + j], m[j], v[j]);
-        if (copy)
-            for (int64_t j = 0; j < len; ++j) copy[lo + j] = float_to_bf16_rne(param[lo + j]);
+        for (int64_t j = 0; j < len; ++j) {
+            float p = master_load(param[lo + j]);
+            adamw_element_w<SmallW>(s, grad[lo + j], p, m[j], v[j]);
+            master_store(param[lo + j], p, seed, lo + j);
+        }
+        if (copy)  // fp32 masters only (a bf16 master is its own copy)
+            for (int64_t j = 0; j < len; ++j) copy[lo + j] = float_to_bf16_rne(master_load(param[lo + j]));
         quantize_block(maps.map_signed, len, m, exp_avg[b], cm + lo);
         quantize_block(maps.map_unsigned, len, v, exp_avg_sq[b], cv + lo);
     }
@@ -98,9 +104,18 @@ NNTILE_CPU_CLONES void adamw_q8_cpu(int64_t n, const AdamWScalars &s, const floa
                                     float *__restrict__ param, float *__restrict__ exp_avg,
                                     float *__restrict__ exp_avg_sq, uint16_t *__restrict__ copy) {
     if (lerp_small_weight(s))
-        adamw_q8_loop<true>(n, s, grad, param, exp_avg, exp_avg_sq, copy);
+        adamw_q8_loop<true>(n, s, 0, grad, param, exp_avg, exp_avg_sq, copy);
     else
-        adamw_q8_loop<false>(n, s, grad, param, exp_avg, exp_avg_sq, copy);
+        adamw_q8_loop<false>(n, s, 0, grad, param, exp_avg, exp_avg_sq, copy);
+}
+
+NNTILE_CPU_CLONES void adamw_q8_bf16_cpu(int64_t n, const AdamWScalars &s, uint64_t seed,
+                                         const float *__restrict__ grad, uint16_t *__restrict__ param,
+                                         float *__restrict__ exp_avg, float *__restrict__ exp_avg_sq) {
+    if (lerp_small_weight(s))
+        adamw_q8_loop<true>(n, s, seed, grad, param, exp_avg, exp_avg_sq, (uint16_t *)nullptr);
+    else
+        adamw_q8_loop<false>(n, s, seed, grad, param, exp_avg, exp_avg_sq, (uint16_t *)nullptr);
 }
 
 }  // namespace nntile::kernels

@@ -66,10 +66,17 @@ void q8_dequantize_cpu(int64_t n, bool is_signed, const float *words, float *x);
 // a zero moment). copy (may be null): the updated parameter rounded to bf16, as adamw_cpu's copy.
 void adamw_q8_cpu(int64_t n, const AdamWScalars &s, const float *grad, float *param, float *exp_avg, float *exp_avg_sq,
                   uint16_t *copy = nullptr);
+// The same step of a bf16 master weight (raw bits; the memory plan's master_dtype=torch.bfloat16): computed in fp32
+// from its bf16 value and stored rounded stochastically with bits 32..47 of hash(seed, i), as adamw_bf16_cpu rounds
+// it (adamw_impl.h, master_store); the moments exactly as adamw_q8_cpu's.
+void adamw_q8_bf16_cpu(int64_t n, const AdamWScalars &s, uint64_t seed, const float *grad, uint16_t *param,
+                       float *exp_avg, float *exp_avg_sq);
 #ifdef NNTILE_USE_CUDA
 // One 256-thread block per quantization block; the maps go by value into shared memory.
 void adamw_q8_cuda(cudaStream_t stream, int64_t n, const AdamWScalars &s, const float *grad, float *param,
                    float *exp_avg, float *exp_avg_sq, uint16_t *copy = nullptr);
+void adamw_q8_bf16_cuda(cudaStream_t stream, int64_t n, const AdamWScalars &s, uint64_t seed, const float *grad,
+                        uint16_t *param, float *exp_avg, float *exp_avg_sq);
 #endif
 
 }  // namespace nntile::kernels

@@ -10,9 +10,11 @@ namespace {
 
 static_assert(Q8_BLOCK == 256, "one thread per element of a quantization block");
 
-__global__ void __launch_bounds__(256) adamw_q8_kernel(int64_t n, AdamWScalars s, QuantMaps8 maps, const float *grad,
-                                                      float *param, float *exp_avg, float *exp_avg_sq,
-                                                      uint16_t *copy) {
+// Param: float (fp32 master) or uint16_t (bf16 master, rounded stochastically from hash(seed, element): master_store).
+template <class Param>
+__global__ void __launch_bounds__(256) adamw_q8_kernel(int64_t n, AdamWScalars s, uint64_t seed, QuantMaps8 maps,
+                                                      const float *grad, Param *param, float *exp_avg,
+                                                      float *exp_avg_sq, uint16_t *copy) {
     __shared__ float map_s[256], map_u[256], red[32];
     const int t = threadIdx.x;
     map_s[t] = maps.map_signed[t];
@@ -25,10 +27,10 @@ __global__ void __launch_bounds__(256) adamw_q8_kernel(int64_t n, AdamWScalars s
     if (in) {
         m = map_s[cm[i]] * exp_avg[b];
         v = map_u[cv[i]] * exp_avg_sq[b];
-        float p = param[i];
+        float p = master_load(param[i]);
         adamw_element(s, grad[i], p, m, v);
-        param[i] = p;
-        if (copy) copy[i] = float_to_bf16_rne(p);
+        master_store(param[i], p, seed, i);
+        if (copy) copy[i] = float_to_bf16_rne(p);  // fp32 masters only (a bf16 master is its own copy)
     }
     // Every thread has read the old scales before thread 0 writes the new ones (the reductions synchronize).
     const float am = block_max_nonneg(fabsf(m), red);
@@ -43,17 +45,29 @@ __global__ void __launch_bounds__(256) adamw_q8_kernel(int64_t n, AdamWScalars s
     }
 }
 
+template <class Param>
+void launch_q8(const char *what, cudaStream_t stream, int64_t n, const AdamWScalars &s, uint64_t seed,
+               const float *grad, Param *param, float *exp_avg, float *exp_avg_sq, uint16_t *copy) {
+    const int64_t blocks = q8_blocks(n);
+    if (blocks == 0) return;
+    NNTILE_CHECK(blocks <= 0x7fffffff, what << ": too many blocks in one tile (got " << blocks << ")");
+    adamw_q8_kernel<Param><<<(unsigned)blocks, 256, 0, stream>>>(n, s, seed, quant_maps8(), grad, param, exp_avg,
+                                                                exp_avg_sq, copy);
+    cudaError_t err = cudaGetLastError();
+    NNTILE_CHECK(err == cudaSuccess, what << " kernel launch failed: " << cudaGetErrorString(err));
+}
+
 }  // namespace
 
 void adamw_q8_cuda(cudaStream_t stream, int64_t n, const AdamWScalars &s, const float *grad, float *param,
                    float *exp_avg, float *exp_avg_sq, uint16_t *copy) {
-    const int64_t blocks = q8_blocks(n);
-    if (blocks == 0) return;
-    NNTILE_CHECK(blocks <= 0x7fffffff, "adamw (8-bit state): too many blocks in one tile (got " << blocks << ")");
-    adamw_q8_kernel<<<(unsigned)blocks, 256, 0, stream>>>(n, s, quant_maps8(), grad, param, exp_avg, exp_avg_sq,
-                                                         copy);
-    cudaError_t err = cudaGetLastError();
-    NNTILE_CHECK(err == cudaSuccess, "adamw (8-bit state) kernel launch failed: " << cudaGetErrorString(err));
+    launch_q8("adamw (8-bit state)", stream, n, s, 0, grad, param, exp_avg, exp_avg_sq, copy);
+}
+
+void adamw_q8_bf16_cuda(cudaStream_t stream, int64_t n, const AdamWScalars &s, uint64_t seed, const float *grad,
+                        uint16_t *param, float *exp_avg, float *exp_avg_sq) {
+    launch_q8("adamw (8-bit state, bf16 master)", stream, n, s, seed, grad, param, exp_avg, exp_avg_sq,
+              (uint16_t *)nullptr);
 }
 
 }  // namespace nntile::kernels

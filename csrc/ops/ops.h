@@ -110,11 +110,13 @@ void adamw(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor 
 // The scalars of one AdamW step as torch.optim.AdamW computes them (in double) for its float kernels.
 kernels::AdamWScalars adamw_scalars(double lr, double beta1, double beta2, double eps, double weight_decay,
                                     int64_t step);
-// One AdamW step of a float32 parameter with 8-bit block-wise moments (kernels/adamw_q8.h): exp_avg, exp_avg_sq are
-// float32 word tensors of shape [ntiles * W] in tiles of [W], W >= q8_words(the largest parameter tile's elements),
-// tile t holding parameter tile t's moment. init_state: never written yet (zero moments). copy as adamw's.
+// One AdamW step of a float32 or bfloat16 parameter (a bf16 master weight) with 8-bit block-wise moments
+// (kernels/adamw_q8.h): exp_avg, exp_avg_sq are float32 word tensors of shape [ntiles * W] in tiles of [W],
+// W >= q8_words(the largest parameter tile's elements), tile t holding parameter tile t's moment. init_state: never
+// written yet (zero moments). A bf16 parameter is rounded stochastically from bits that depend on seed, step, tile and
+// element, as adamw's are (no copy: it is its own). copy as adamw's.
 void adamw_q8(TileTensor &grad, TileTensor &param, TileTensor &exp_avg, TileTensor &exp_avg_sq, double lr,
               double beta1, double beta2, double eps, double weight_decay, int64_t step, bool init_state,
-              TileTensor *copy = nullptr);
+              int64_t seed = 0, TileTensor *copy = nullptr);
 
 }  // namespace nntile::ops

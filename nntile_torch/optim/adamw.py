@@ -122,8 +122,10 @@ class AdamW(torch.optim.Optimizer):
     state_dtype=torch.uint8: 8-bit block-wise moments, bitsandbytes' 8-bit AdamW scheme (2 + 8/256 bytes per parameter
     for both: state_bytes_per_param): per block of 256 elements of a tile, a float32 scale (the absmax) and one code
     byte per element indexing bitsandbytes' dynamic map (signed for exp_avg, unsigned for exp_avg_sq). Each step
-    dequantizes, runs the fp32 update above, and quantizes again to the nearest map entry. Float32 master weights
-    only (not bf16 master weights); plain tensor parameters keep fp32. state_dict() holds each tile parameter's
+    dequantizes, runs the fp32 update above, and quantizes again to the nearest map entry. A bf16 master weight (nt.plan's
+    master_dtype=torch.bfloat16) is updated in fp32 from its bf16 value and stored rounded stochastically with the
+    same bits as with bf16 moments (2 + 2 + 8/256 bytes per parameter of persistent state); plain tensor parameters
+    keep fp32. state_dict() holds each tile parameter's
     moments as their packed bytes (a uint8 tensor: scales, then codes, tile after tile; see q8_layout), which only
     this optimizer with state_dtype=torch.uint8 loads.
 
@@ -189,12 +191,9 @@ class AdamW(torch.optim.Optimizer):
         self._tiled_states = {}  # parameter -> (exp_avg, exp_avg_sq) as last checked: no re-check while they stay
         self._evict_first = _evict_updated_first()
         super().__init__(params, defaults)
-        if state_dtype == torch.uint8 and not all(fp32_tiles(p) for p in self._tiled_params()):
-            raise ValueError("8-bit moments (state_dtype=torch.uint8) need float32 master weights (some parameters "
-                             "are kept as bf16 master weights: nt.plan's master_dtype=torch.bfloat16)")
-        if state_dtype != torch.bfloat16 and not all(fp32_tiles(p) for p in self._tiled_params()):
+        if state_dtype == torch.float32 and not all(fp32_tiles(p) for p in self._tiled_params()):
             raise ValueError("parameters kept as bf16 master weights (nt.plan's master_dtype=torch.bfloat16) need "
-                             "state_dtype=torch.bfloat16")
+                             "compact moments: state_dtype=torch.bfloat16 or torch.uint8 (got torch.float32)")
         chosen = self._offloaded(offload, offload_update if isinstance(offload_update, str) else "gpu")
         # host: updated by CPU workers; streamed: state in host RAM, updated on the GPU and written back
         if isinstance(offload_update, str):
@@ -355,7 +354,8 @@ class AdamW(torch.optim.Optimizer):
         pstate = param_state(p)
         with pstate.update_context():
             copy = pstate.bf16_copy_for_update()
-            _C.adamw_q8(grad, p.tiles, m.tiles, v.tiles, lr, beta1, beta2, eps, wd, step, fresh, copy=copy)
+            _C.adamw_q8(grad, p.tiles, m.tiles, v.tiles, lr, beta1, beta2, eps, wd, step, fresh, self._seeds[p],
+                        copy=copy)
             pstate.record_update(m.tiles, v.tiles, copy)
 
     @staticmethod
