@@ -22,6 +22,7 @@ Variants (--variants):
   bf16master  nt.plan(master_dtype=torch.bfloat16): the blocks' matmul weights kept in bf16 alone, bf16 moments (the
               plan pairs them), bf16 matmuls (bf16 master weights need them)
   q8          as fp32, AdamW(state_dtype=torch.uint8): 8-bit block-wise moments (bitsandbytes' scheme)
+  bf16master_q8  as bf16master with 8-bit block-wise moments: the plan's most compact state (what 45B needs)
   bf16        nt.convert(precision="bf16"), fp32 master weights and moments: not run by default; beside bf16master
               it separates the master weights' cost from the bf16 matmuls'
 
@@ -54,9 +55,12 @@ VARIANTS = {
     "bf16master": ("nntile", "bf16", "bfloat16", "bfloat16",
                    "bf16 master weights and moments (nt.plan(master_dtype=torch.bfloat16)), bf16 matmuls"),
     "q8": ("nntile", "fp32", "float32", "uint8", "as fp32, 8-bit block-wise moments (AdamW(state_dtype=torch.uint8))"),
+    "bf16master_q8": ("nntile", "bf16", "bfloat16", "uint8",
+                      "bf16 master weights, 8-bit block-wise moments (nt.plan(master_dtype=torch.bfloat16, "
+                      "state_dtype=torch.uint8): the plan's most compact state, the 45B one), bf16 matmuls"),
     "bf16": ("nntile", "bf16", "float32", "float32", "nt.convert bf16 matmuls, fp32 master weights and moments"),
 }
-DEFAULT_VARIANTS = "ref,fp32,bf16m,bf16master,q8"
+DEFAULT_VARIANTS = "ref,fp32,bf16m,bf16master,q8,bf16master_q8"
 TAIL = 50  # steps the final loss is the mean of
 GRACE_S = 90  # past its share, a variant's process is killed this much later (it stops itself at the share)
 
@@ -164,7 +168,7 @@ def build(variant, cfg, device):
     if master == "bfloat16":
         # The plan pins: everything on the GPU, updates in step() (as the other variants), no checkpointing.
         plan = nt.plan(model, cfg["batch"], cfg["seq"], precision, master_dtype=torch.bfloat16,
-                       state_dtype=torch.bfloat16, step_in_backward=False, checkpointing=False, host_blocks=0)
+                       state_dtype=getattr(torch, state), step_in_backward=False, checkpointing=False, host_blocks=0)
         plan.init()
         rows = nt.config.rows_per_tile(cfg["batch"], cfg["seq"], device == "cuda", nt.runtime.num_places())
         model = plan.apply(model, batch_tile_size=rows)

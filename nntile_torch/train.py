@@ -63,7 +63,8 @@ def parse_args(argv=None):
                          "model fits nowhere")
     ap.add_argument("--bf16-master", action="store_true",
                     help="the memory plan keeps the blocks' matmul weights as bf16 master weights (master_dtype="
-                         "torch.bfloat16: stochastic rounding in AdamW, bf16 moments; with --precision bf16): what the "
+                         "torch.bfloat16: stochastic rounding in AdamW; bf16 or 8-bit moments, as the plan picks; "
+                         "with --precision bf16): what the "
                          "plan does by itself only when fp32 master weights fit nowhere")
     ap.add_argument("--warmup", type=int, default=20, help="linear learning-rate warm-up steps")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "tf32", "bf16"])
