@@ -56,10 +56,46 @@ def tiles_of(shape, tile_shape, value, dtype=torch.float32, name="", persistent=
     if plain(value) and list(value.tiles.shape) == list(shape) \
             and list(value.tiles.tile_shape) == list(tile_shape) and value.tiles_dtype == dtype:
         return value.tiles
+    if dtype == torch.float32 and len(shape) == 2:
+        gathered = gathered_rows(value, tile_shape[0], tile_shape[1])
+        if gathered is not None and list(gathered.shape) == list(shape):
+            return gathered
     dense = _retiled(value, tile_shape)
     t = new_tiles(shape, tile_shape, dtype, name, persistent)
     t.from_dense(dense.detach().to(dtype).reshape(tuple(shape)))
     return t
+
+
+def gather_rows(table, ids, row_tile, name="gathered_rows"):
+    """C++ tiles (len(ids), C) tiled (row_tile, C): row i is row ids[i] of `table` (C++ tiles (N, C) of whole rows),
+    zeros where ids[i] is outside [0, N) (-1: "not from this table"). Embedding lookup tasks, no wait; ids is a
+    small host tensor of row numbers."""
+    m, c = ids.numel(), table.shape[1]
+    idt = new_tiles([m], [min(row_tile, m)], torch.int64, name=name + ".ids")
+    idt.from_dense(ids.reshape(m).long())
+    out = new_tiles([m, c], [idt.tile_shape[0], c], name=name)
+    _C.embedding_forward(idt, table, out)
+    return out
+
+
+def gathered_rows(value, row_tile, col_tile):
+    """A strided view of a TileTensor whose every row (last dimension) is a whole row of its tiles (N, C) in tiles
+    of whole rows, e.g. Hugging Face's hidden_states[:, -1:, :] (the last position, what its LM head reads in
+    generation), as new tiles of the matrix (rows, C) tiled (row_tile, C) by row gather tasks (embedding lookups):
+    no gathering of the whole tensor. None where it is not such a view (then it is copied densely)."""
+    if not isinstance(value, TileTensor) or plain(value) or value.dtype != torch.float32 or value.dim() < 2:
+        return None
+    t = value.tiles
+    c = value.shape[-1]
+    if len(t.shape) != 2 or t.shape[1] != c or t.grid[1] != 1 or col_tile < c or dtype_of(t) != torch.float32 \
+            or value.stride(-1) != 1 or value.storage_offset() % c or any(s % c for s in value.stride()[:-1]):
+        return None
+    rows = torch.full(tuple(value.shape[:-1]), value.storage_offset() // c, dtype=torch.int64)
+    for d, (n, s) in enumerate(zip(value.shape[:-1], value.stride()[:-1])):
+        shape = [1] * (value.dim() - 1)
+        shape[d] = n
+        rows = rows + (torch.arange(n) * (s // c)).reshape(shape)
+    return gather_rows(t, rows.reshape(-1), row_tile)
 
 
 def _retiled(value, tile_shape):
@@ -82,6 +118,9 @@ def as_matrix_tiles(x, row_tile, col_tile):
     want = [min(row_tile, m), min(col_tile, k)]
     if plain(x) and list(x.tiles.shape) == [m, k] and list(x.tiles.tile_shape) == want:
         return x.tiles
+    gathered = gathered_rows(x, *want)
+    if gathered is not None:
+        return gathered
     dense = _retiled(x, want)
     t = new_tiles([m, k], want)
     t.from_dense(dense.detach().reshape(m, k))
