@@ -310,8 +310,9 @@ def convert(model, precision=None, tile_size=None, batch_tile_size=None, init=No
     for name, m in gated_mlps:
         patch_gated_mlp(m)
         report.patched.append((name, type(m).__name__, "silu(gate) * up as tile tasks"))
-    # Hugging Face keeps a key/value cache during training too unless told otherwise; a cache needs dense keys
-    # and values (host waits) and is of no use to training. Generation still works without it.
+    # Hugging Face keeps a key/value cache during training too unless told otherwise; a cache is of no use to
+    # training and would keep every layer's keys and values. generate() still makes one (its generation_config's
+    # use_cache), kept in tiles (nn/kv_cache.py).
     cfg = getattr(model, "config", None)
     if cfg is not None and getattr(cfg, "use_cache", False):
         cfg.use_cache = False

@@ -4,7 +4,7 @@ configured attn_implementation ("eager", "sdpa", the default): causal, or with t
 from a padding attention_mask (boolean for sdpa, additive float for eager; causality included), with attn_pdrop's
 dropout on the probabilities in training (inside the tasks). Generation's key/value cache (Hugging Face's
 DynamicCache, as generate() makes it) is kept in tiles: each layer's cache entry holds the qkv rows of every position
-so far as one tile tensor, grown by row gather tasks (_cached_forward). What it does not cover (other caches,
+so far as one tile tensor, grown by row gather tasks (kv_cache.py). What it does not cover (other caches,
 cross-attention, returned attention weights, masks that differ per head) runs the original forward, recorded as a
 dense fallback (convert_report; strict mode raises)."""
 import types
@@ -12,12 +12,11 @@ import types
 import torch
 import torch.nn.functional as F
 
-from .. import _C
 from ..costs import Costs, register_form, residual_block
-from ..functional import (CausalAttentionFunction, attention_mask_tiles, attention_tiles_ok, dropout_seed,
-                          gather_rows)
+from ..functional import CausalAttentionFunction, attention_mask_tiles, attention_tiles_ok, dropout_seed
 from ..report import note_dense
 from ..tensor import TileTensor, plain, without_torch_function
+from . import kv_cache
 from .linear import Conv1D
 from .norm_act import GELU
 
@@ -120,102 +119,43 @@ def _covered_forward(self, hidden_states, attention_mask):
     return out, None
 
 
-# --- generation's key/value cache in tiles ------------------------------------------------------------------------
-# Hugging Face's DynamicLayer keeps keys and values (B, H, T, D) and concatenates each step's onto them (torch.cat).
-# Here a layer's entry holds instead the qkv rows (B * T, 3C) of every position so far as one tile tensor in tiles of
-# whole sequences (`_nntile_qkv`); its keys and values are views of those tiles, so that the cache's length
-# (get_seq_length), the masks Hugging Face builds from it, and any torch code that reads them (materialized) work
-# unchanged. A step's new rows are added by row gather tasks (the old rows and the new ones, each gathered into the
-# grown tiling, summed), then causal attention runs over the whole grown sequence (the attention kernel takes
-# queries and keys of one length) and the new positions' output rows are gathered for c_proj. So the projections, MLP
-# and norms run on the new positions only, as with Hugging Face's cache, while attention is recomputed for every
-# position (T^2 instead of T per step): a kernel with fewer queries than keys would remove that.
+# --- generation's key/value cache in tiles (kv_cache.py) -----------------------------------------------------------
 
 def _cache_uncovered(self, cache):
     """Why a call with this cache cannot keep it in tiles, or None."""
-    if type(cache).__name__ != "DynamicCache" or self.layer_idx is None or self.layer_idx >= len(cache.layers):
-        return f"key/value cache of type {type(cache).__name__}"
-    layer = cache.layers[self.layer_idx]
-    if type(layer).__name__ != "DynamicLayer":
-        return f"key/value cache layer of type {type(layer).__name__}"
-    if getattr(layer, "is_initialized", False) and layer.get_seq_length() > 0 and _tile_cache(layer) is None:
-        return "key/value cache holding dense tensors (filled outside nntile, or changed since: crop, beam reorder)"
-    if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
-        return "key/value cache with gradients"
-    if self.training and float(getattr(self.attn_dropout, "p", 0.0)) > 0.0:
-        return "key/value cache with attention dropout in training"
-    return None
-
-
-def _tile_cache(layer):
-    """The qkv tiles (B, T, 3C) a cache layer holds, if its keys and values are still the views this module left."""
-    qkv = getattr(layer, "_nntile_qkv", None)
-    if qkv is None or layer.keys is not layer._nntile_kv[0] or layer.values is not layer._nntile_kv[1]:
-        return None
-    return qkv
-
-
-_square_mask_cache = [None]  # (Hugging Face's mask, its version, the square mask): one mask for all layers
-
-
-def _square_mask(mask, total):
-    """Hugging Face's mask for the new queries, (B, 1, Tn, T) (or one broadcasting to it), as the (B, 1, T, T) mask of
-    every query of the grown sequence: causal rows above the new ones (their outputs are not used; causal so that no
-    row is empty), Hugging Face's own rows for the new ones."""
-    cached = _square_mask_cache[0]
-    if cached is not None and cached[0] is mask and cached[1] == mask._version and cached[2].shape[-1] == total:
-        return cached[2]
-    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape)) if mask.dim() <= 4 else mask
-    if m.dim() != 4 or m.shape[1] != 1 or m.shape[-1] != total or m.shape[-2] > total:
-        return None
-    tn = m.shape[-2]
-    causal = torch.ones(total - tn, total, dtype=torch.bool, device=m.device).tril_()
-    if m.dtype != torch.bool:
-        causal = torch.zeros(causal.shape, dtype=m.dtype, device=m.device).masked_fill_(~causal,
-                                                                                          torch.finfo(m.dtype).min)
-    square = torch.cat([causal.expand(m.shape[0], 1, total - tn, total), m], dim=2)
-    _square_mask_cache[0] = (mask, mask._version, square)
-    return square
+    why = kv_cache.cache_uncovered(self, cache)
+    if why is None and self.training and float(getattr(self.attn_dropout, "p", 0.0)) > 0.0:
+        why = "key/value cache with attention dropout in training"
+    return why
 
 
 @without_torch_function
 def _cached_forward(self, hidden_states, attention_mask, layer):
-    """Attention of the new positions hidden_states (B, Tn, C) over the cached ones and themselves, the cache layer
-    grown in tiles. Returns (output, None), or why it cannot (a string: the caller falls back)."""
+    """Attention of the new positions hidden_states (B, Tn, C) over the cached ones and themselves; the cache layer
+    holds the qkv rows (B, T, 3C) of every position so far. Returns (output, None), or why it cannot (a string: the
+    caller falls back)."""
     qkv = self.c_attn(hidden_states)  # (B, Tn, 3C)
     if not plain(qkv) or qkv.dim() != 3 or len(qkv.tiles.shape) != 2 or qkv.tiles.grid[1] != 1:
         return f"key/value cache with qkv tiles {tuple(qkv.tiles.tile_shape)} that do not hold whole rows"
     b, tn, c3 = qkv.shape
     c = c3 // 3
-    old = _tile_cache(layer)
+    old = kv_cache.tile_cache(layer)
     past = 0 if old is None else old.shape[1]
     total = past + tn
-    # Row tiles of whole sequences of the grown length, about as many rows as the layer's activation tiles.
-    row_tile = total * max(1, min(b, self.c_attn.batch_tile_size // total))
-    pos = torch.arange(total)
-    seq = torch.arange(b).reshape(b, 1)
-    new_rows = torch.where(pos >= past, seq * tn + pos - past, -1)  # row of qkv for each (sequence, position)
-    grown = gather_rows(qkv.tiles, new_rows.reshape(-1), row_tile, name="kv_cache.qkv")
-    if old is not None:
-        old_rows = torch.where(pos < past, seq * past + pos, -1)
-        _C.add(1.0, gather_rows(old.tiles, old_rows.reshape(-1), row_tile, name="kv_cache.old"), 1.0, grown)
-    grown = TileTensor(grown, (b, total, c3), qkv.device)
+    row_tile = kv_cache.rows_tile(b, total, self.c_attn.batch_tile_size)
+    qkv_all = TileTensor(kv_cache.grown(qkv.tiles, None if old is None else old.tiles, b, past, tn, row_tile,
+                                        "kv_cache.qkv"), (b, total, c3), qkv.device)
     mask = None
     if attention_mask is not None:
-        square = _square_mask(attention_mask, total)
+        square = kv_cache.square_mask(attention_mask, total)
         mask = None if square is None else attention_mask_tiles(square, b, total, row_tile, qkv.device)
         if mask is None:
             return "key/value cache with an attention mask that differs per head"
     bf16 = self.c_attn.precision == "bf16"
-    y = CausalAttentionFunction.apply(grown, self.num_heads, float(self.scaling), bf16, mask, 0.0, 0)  # (B, T, C)
-    new_out = (seq * total + past + torch.arange(tn)).reshape(-1)  # the new positions' rows of y
-    y = TileTensor(gather_rows(y.tiles, new_out, self.c_proj.batch_tile_size, name="kv_cache.y"), (b, tn, c),
-                   qkv.device)
-    # The cache layer: the grown qkv tiles, and keys and values (B, H, T, D) as views of them.
-    k, v = (z.reshape(b, total, self.num_heads, self.head_dim).transpose(1, 2) for z in grown.split(c, dim=2)[1:])
-    if not getattr(layer, "is_initialized", False):
-        layer.dtype, layer.device, layer.is_initialized = k.dtype, k.device, True
-    layer.keys, layer.values, layer._nntile_qkv, layer._nntile_kv = k, v, grown, (k, v)
+    y = CausalAttentionFunction.apply(qkv_all, self.num_heads, float(self.scaling), bf16, mask, 0.0, 0)  # (B, T, C)
+    y = kv_cache.new_positions(y, b, past, tn, self.c_proj.batch_tile_size)
+    k, v = (z.reshape(b, total, self.num_heads, self.head_dim).transpose(1, 2) for z in qkv_all.split(c, dim=2)[1:])
+    kv_cache.store(layer, qkv_all, k, v)
     return self.resid_dropout(self.c_proj(y)), None
 
 

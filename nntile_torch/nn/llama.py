@@ -5,9 +5,11 @@ memory plan (nntile_torch/costs.py).
   model's own rotary module computed for this forward (Llama 3's frequency scaling and attention_scaling are in
   them; copied into tiles once per forward), grouped-query causal attention (k/v heads repeated inside the task),
   the o projection: no dense step. Recognized by structure and a probe of what it computes, not by class names.
-  Key/value caches, returned attention weights, attention dropout in training, other attention implementations
-  than sdpa and eager, masks per head, and tilings whose tiles do not hold whole rows and sequences run as torch code
-  (recorded: convert_report; strict mode raises).
+  Generation's key/value cache (Hugging Face's DynamicCache) is kept in tiles: k and v after the rotary embedding,
+  grown by row gather tasks (kv_cache.py). Other caches (sliding windows, a cache holding dense tensors), returned
+  attention weights, attention dropout in training, other attention implementations than sdpa and eager, masks per
+  head, and tilings whose tiles do not hold whole rows and sequences run as torch code (recorded: convert_report;
+  strict mode raises).
 - The gated MLP: its forward becomes down(silu_mul(gate(x), up(x))), the elementwise step one task per tile.
 Their linear layers (q, k, v, o, gate, up, down, the untied head) and RMSNorms describe themselves to the plan; what
 is the family's own is described here:
@@ -24,6 +26,7 @@ from ..functional import attention_mask_tiles
 from ..functional_llama import GQAttentionFunction, RopeFunction, SiluMulFunction, rope_tiles
 from ..report import note_dense
 from ..tensor import TileTensor, plain, without_torch_function
+from . import kv_cache
 
 F = torch.nn.functional
 
@@ -202,8 +205,14 @@ def patch_llama_attention(m):
 
 def _uncovered(self, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs):
     """Why this call cannot run as tile tasks, or None."""
-    if past_key_values is not None or kwargs.get("use_cache", False):
+    if past_key_values is None and kwargs.get("use_cache", False):
         return "key/value cache"
+    if past_key_values is not None:
+        why = kv_cache.cache_uncovered(self, past_key_values)
+        if why is not None:
+            return why
+        if getattr(self, "sliding_window", None) is not None:
+            return "key/value cache with a sliding window"
     if kwargs.get("output_attentions", False):
         return "output_attentions=True"
     if not isinstance(position_embeddings, (tuple, list)) or len(position_embeddings) != 2:
@@ -228,7 +237,13 @@ def _uncovered(self, hidden_states, position_embeddings, attention_mask, past_ke
 def _attention_forward(self, original, hidden_states, position_embeddings=None, attention_mask=None,
                        past_key_values=None, **kwargs):
     why = _uncovered(self, hidden_states, position_embeddings, attention_mask, past_key_values, kwargs)
-    if why is None:
+    if why is None and past_key_values is not None:
+        out = _cached_forward(self, hidden_states, position_embeddings, attention_mask,
+                              past_key_values.layers[self.layer_idx])
+        if not isinstance(out, str):
+            return out, None
+        why = out
+    elif why is None:
         return _covered_forward(self, hidden_states, position_embeddings, attention_mask), None
     note_dense("attention", why)
     return original(self, hidden_states, position_embeddings=position_embeddings, attention_mask=attention_mask,
@@ -278,3 +293,46 @@ def _covered_forward(self, hidden_states, position_embeddings, attention_mask):
     else:
         y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attention_mask, scale=float(self.scaling))
     return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
+
+
+@without_torch_function
+def _cached_forward(self, hidden_states, position_embeddings, attention_mask, layer):
+    """Attention of the new positions hidden_states (B, Tn, hidden) over the cached ones and themselves; the cache
+    layer holds k and v after the rotary embedding, (B, T, kv_heads x hd) each, for every position so far
+    (kv_cache.py). The queries of the earlier positions are zeros (their outputs are not used). Returns the output,
+    or why it cannot (a string: the caller falls back)."""
+    q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)  # (B, Tn, H x hd)
+    b, tn = q.shape[0], q.shape[1]
+    hd, heads = self.head_dim, q.shape[-1] // self.head_dim
+    kv_heads = k.shape[-1] // hd
+    row_tile = q.tiles.tile_shape[0] if plain(q) and len(q.tiles.shape) == 2 else 0
+    if not all(plain(z) and z.dim() == 3 and len(z.tiles.shape) == 2 and z.tiles.grid[1] == 1
+               and z.tiles.tile_shape[0] == row_tile for z in (q, k, v)):
+        return "key/value cache with q, k, v tiles that do not hold whole rows"
+    cos, sin = position_embeddings
+    angles = rope_tiles(cos, "cos", b, tn, row_tile), rope_tiles(sin, "sin", b, tn, row_tile)
+    if angles[0] is None or angles[1] is None:
+        return f"key/value cache with cos and sin of shape {tuple(cos.shape)} (not (1 or {b}, {tn}, {hd}) float32)"
+    q, k = RopeFunction.apply(q, *angles, hd), RopeFunction.apply(k, *angles, hd)
+    old = kv_cache.tile_cache(layer)
+    past = 0 if old is None else old[0].shape[1]
+    total = past + tn
+    tile = kv_cache.rows_tile(b, total, getattr(self.q_proj, "batch_tile_size", None) or config.DEFAULT_BATCH_TILE_SIZE)
+    q_all = kv_cache.grown(q.tiles, None, b, past, tn, tile, "kv_cache.q")  # zeros above the new queries
+    old_k, old_v = (None, None) if old is None else (old[0].tiles, old[1].tiles)
+    k_all, v_all = (TileTensor(kv_cache.grown(z.tiles, o, b, past, tn, tile, f"kv_cache.{n}"), (b, total, z.shape[-1]),
+                               z.device) for z, o, n in ((k, old_k, "k"), (v, old_v, "v")))
+    mask = None
+    if attention_mask is not None:
+        square = kv_cache.square_mask(attention_mask, total)
+        mask = None if square is None else attention_mask_tiles(square, b, total, tile, q.device)
+        if mask is None:
+            return "key/value cache with an attention mask that differs per head"
+    bf16 = getattr(self.q_proj, "precision", "fp32") == "bf16"
+    y = GQAttentionFunction.apply(TileTensor(q_all, (b, total, q.shape[-1]), q.device), k_all, v_all, heads, kv_heads,
+                                  float(self.scaling), bf16, mask)
+    y = kv_cache.new_positions(y, b, past, tn, getattr(self.o_proj, "batch_tile_size", None)
+                               or config.DEFAULT_BATCH_TILE_SIZE)
+    keys, values = (z.reshape(b, total, kv_heads, hd).transpose(1, 2) for z in (k_all, v_all))
+    kv_cache.store(layer, (k_all, v_all), keys, values)
+    return self.o_proj(y)
