@@ -1,0 +1,154 @@
+"""Hugging Face's generate() on converted models (GPT-2, and Llama built from a tiny config): greedy and top-k sampling,
+with and without the key/value cache, the same tokens as the unconverted model; no weight is gathered into a dense
+tensor; the cache's keys and values are tiles; what still runs as torch code is the sampling on the (B, V) logits
+of the last position (one host wait per token), named in the report."""
+import copy
+import warnings
+
+import pytest
+import torch
+
+import nntile_torch as nt
+
+transformers = pytest.importorskip("transformers", reason="transformers is installed by scripts/setup.sh")
+
+VOCAB, PROMPT, NEW = 97, 7, 8
+# One row tile for every length the prompt reaches without a cache (attention's tiles hold whole sequences, as
+# nanoGPT's generate test); the cache keeps its own tiles of whole sequences, so any batch_tile_size serves it.
+TILES = dict(tile_size=384, batch_tile_size=1024)
+# What generate() computes on the (B, V) logits, as torch code on their materialized tiles: greedy's argmax, top-k's
+# topk / lt / masked_fill (its softmax and multinomial then run on the dense result).
+SAMPLING_OPS = {False: {"argmax.default"}, True: {"topk.default", "lt.Tensor", "masked_fill.Scalar"}}
+
+
+def gpt2(device, impl="sdpa"):
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
+                                  attn_implementation=impl, bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    return transformers.GPT2LMHeadModel(cfg).to(device).eval()
+
+
+def llama(device, impl="sdpa"):
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   attn_implementation=impl, bos_token_id=0, eos_token_id=None, pad_token_id=None)
+    # pad_token_id None: with one the token table gets a padding_idx, which has no tile version (generate pads by 0)
+    return transformers.LlamaForCausalLM(cfg).to(device).eval()
+
+
+def prompt(device, padded=False):
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(1, VOCAB, (3, PROMPT), generator=g)
+    mask = torch.ones_like(ids)
+    if padded:  # left padding, as generation pads
+        mask[0, :3] = 0
+        mask[2, :1] = 0
+    return (ids * mask).to(device), mask.to(device)
+
+
+class GatheredWeights:
+    """Records the parameters whose tiles are gathered into a dense tensor (TileTensor.materialize, the one way tiles
+    become a dense tensor) while it is entered; views of a weight (its transpose) count as the weight."""
+
+    def __init__(self, model, monkeypatch):
+        self.names = {id(p.tiles): n for n, p in model.named_parameters() if isinstance(p, nt.TileTensor)}
+        self.gathered = []
+        original = nt.TileTensor.materialize
+
+        def materialize(t):
+            if id(t.tiles) in self.names:
+                self.gathered.append(self.names[id(t.tiles)])
+            return original(t)
+        monkeypatch.setattr(nt.TileTensor, "materialize", materialize)
+
+
+def generate(ours, ref, ids, mask, monkeypatch, **kw):
+    """ours.generate and ref.generate from the same seed; returns (ours' output, ref's tokens, host waits, weights
+    gathered, dense ops of ours' report during the call)."""
+    report = nt.convert_report(ours)
+    report.dense_ops.clear()
+    gathered = GatheredWeights(ours, monkeypatch)
+    kw = dict(max_new_tokens=NEW, attention_mask=mask, return_dict_in_generate=True, pad_token_id=0, **kw)
+    before = nt.stats()["blocking_waits"]
+    torch.manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the sampling's dense ops warn once; they are checked below
+        out = ours.generate(ids, **kw)
+    waits = nt.stats()["blocking_waits"] - before
+    monkeypatch.undo()
+    torch.manual_seed(1)
+    expected = ref.generate(ids, **kw).sequences
+    return out, expected, waits, gathered.gathered, dict(report.dense_ops)
+
+
+def assert_in_tiles(out, waits, gathered, dense_ops, sample, cache, layers=2):
+    assert gathered == [], f"weights gathered into dense tensors: {sorted(set(gathered))}"
+    # only the sampling on the logits, in generate()'s own code (the model's), once per new token
+    assert {m for m, _ in dense_ops} <= {""}, dense_ops
+    assert {op for _, op in dense_ops} <= SAMPLING_OPS[sample], dense_ops
+    assert all(n == NEW for n in dense_ops.values()), dense_ops
+    assert waits <= NEW, waits  # reading each token's (B, V) logits
+    if cache:
+        kv = out.past_key_values
+        assert len(kv.layers) == layers and kv.get_seq_length() == PROMPT + NEW - 1
+        for layer in kv.layers:
+            assert isinstance(layer.keys, nt.TileTensor) and isinstance(layer.values, nt.TileTensor)
+    else:
+        assert out.past_key_values is None
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cache", "no-cache"])
+@pytest.mark.parametrize("sample", [False, True], ids=["greedy", "top-k"])
+def test_gpt2_generate_in_tiles(device, sample, cache, monkeypatch):
+    """Greedy and top-k sampling (torch's generator draws only in the sampler, so the seeded streams align), with and
+    without the cache: the unconverted model's tokens, no weight gathered, only the sampling as torch code."""
+    ref = gpt2(device)
+    ours = nt.convert(copy.deepcopy(ref), **TILES).eval()
+    assert nt.convert_report(ours).dense == []
+    ids, mask = prompt(device)
+    kw = dict(do_sample=True, top_k=10) if sample else dict(do_sample=False)
+    out, expected, waits, gathered, dense_ops = generate(ours, ref, ids, mask, monkeypatch, use_cache=cache, **kw)
+    assert torch.equal(out.sequences, expected)
+    assert_in_tiles(out, waits, gathered, dense_ops, sample, cache)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_gpt2_generate_left_padded_with_cache(device, impl, monkeypatch):
+    """Left-padded prompts with the cache, both mask forms (boolean for sdpa, additive float for eager): the cache's
+    attention takes Hugging Face's mask rows for the new positions; small activation tiles (sequences split between
+    tiles) do not matter to it, as it keeps its own tiles of whole sequences."""
+    ref = gpt2(device, impl)
+    ours = nt.convert(copy.deepcopy(ref), tile_size=384, batch_tile_size=8).eval()
+    ids, mask = prompt(device, padded=True)
+    out, expected, waits, gathered, dense_ops = generate(ours, ref, ids, mask, monkeypatch, do_sample=False)
+    assert torch.equal(out.sequences, expected)
+    assert_in_tiles(out, waits, gathered, dense_ops, False, True)
+
+
+@pytest.mark.parametrize("cache", [True, False], ids=["cache", "no-cache"])
+def test_llama_generate_in_tiles(device, cache, monkeypatch):
+    """Llama (grouped-query attention, rotary embeddings): the cache holds k and v after the rotary embedding."""
+    ref = llama(device)
+    ours = nt.convert(copy.deepcopy(ref), **TILES).eval()
+    assert nt.convert_report(ours).dense == []
+    ids, mask = prompt(device, padded=cache)
+    out, expected, waits, gathered, dense_ops = generate(ours, ref, ids, mask, monkeypatch, use_cache=cache,
+                                                         do_sample=False)
+    assert torch.equal(out.sequences, expected)
+    assert_in_tiles(out, waits, gathered, dense_ops, False, cache)
+
+
+def test_generate_cache_fallback_is_named(device, monkeypatch):
+    """qkv tiles that do not hold whole rows (tile_size below 3 x the width): the cache cannot be kept in tiles; the
+    original attention runs on materialized activations (correct, with waits), named in the report; still no weight
+    is gathered."""
+    ref = gpt2(device)
+    ours = nt.convert(copy.deepcopy(ref), tile_size=64, batch_tile_size=1024).eval()
+    ids, mask = prompt(device)
+    out, expected, waits, gathered, dense_ops = generate(ours, ref, ids, mask, monkeypatch, do_sample=False)
+    assert torch.equal(out.sequences, expected)
+    assert gathered == []
+    assert dense_ops[("transformer.h.0.attn", "attention (key/value cache with qkv tiles (21, 64) that do not hold "
+                                              "whole rows)")] == 1
+    assert any("key/value cache holding dense tensors" in op for _, op in dense_ops)
