@@ -58,7 +58,8 @@ def tiles_of(shape, tile_shape, value, dtype=torch.float32, name="", persistent=
         return value.tiles
     if dtype == torch.float32 and len(shape) == 2:
         gathered = gathered_rows(value, tile_shape[0], tile_shape[1])
-        if gathered is not None and list(gathered.shape) == list(shape):
+        if gathered is not None and list(gathered.shape) == list(shape) \
+                and list(gathered.tile_shape) == list(tile_shape):
             return gathered
     dense = _retiled(value, tile_shape)
     t = new_tiles(shape, tile_shape, dtype, name, persistent)
