@@ -493,7 +493,7 @@ class EmbeddingFunction(torch.autograd.Function):
         _C.embedding_forward(idt, wt, out)
         keep(ctx, ids.device, idt)
         ctx.wt, ctx.out_tiling, ctx.w_device = wt, (list(out.shape), list(out.tile_shape)), weight.device
-        return TileTensor(out, (*ids.shape, c), ids.device)
+        return TileTensor(out, (*ids.shape, c), weight.device)  # torch's: the table's device (ids may be CPU)
 
     @staticmethod
     @without_torch_function
