@@ -34,12 +34,14 @@ class ConvertReport:
     """What convert() made of a model. swapped: (name, old type, new type); tiled: (name, type, what) for modules
     kept whose parameters became tiles (their forward's functions run as tile tasks); patched: (name, type, what);
     dense: (name, type, why) for modules left as torch code with parameters or without a tile version; dense_ops:
-    {(module name, op): count} of torch ops that ran on materialized tiles inside the model since conversion."""
+    {(module name, op): count} of torch ops that ran on materialized tiles inside the model's forward or backward
+    since conversion; outside_ops: the same for the model's own methods outside any module call (generate()'s
+    sampling on the logits it read: the caller's code in the model's class, which strict mode lets run)."""
 
     def __init__(self, strict):
         self.strict = strict
         self.swapped, self.tiled, self.patched, self.dense = [], [], [], []
-        self.dense_ops = {}
+        self.dense_ops, self.outside_ops = {}, {}
         self._warned = set()
 
     def __str__(self):
@@ -54,6 +56,9 @@ class ConvertReport:
         if self.dense_ops:
             lines.append("dense ops seen while running:")
             lines += [f"  {m or '(model)'}: {op} x{n}" for (m, op), n in self.dense_ops.items()]
+        if self.outside_ops:
+            lines.append("torch code on the model's outputs in its own methods, outside forward (not a fallback):")
+            lines += [f"  {m}: {op} x{n}" for (m, op), n in self.outside_ops.items()]
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -112,20 +117,29 @@ def convert_report(model):
     return report
 
 
+_CALLS = frozenset({"forward", "_call_impl", "_wrapped_call_impl", "__call__"})
+
+
 def _innermost_module():
-    """(report, name, module) of the innermost converted model's module whose code is on the stack, or None."""
+    """(report, name, module, method) of the innermost converted model's module whose code is on the stack, or None.
+    method is None inside a module call (a forward, anything it calls included), else the name of the model's own
+    method that runs outside every module call (generate(), nanoGPT's or Hugging Face's)."""
     if not _owners:
         return None
-    f = sys._getframe(2)
+    f, found = sys._getframe(2), None
     while f is not None:
         code = f.f_code
         owner = f.f_locals.get("self") if "self" in code.co_varnames or "self" in code.co_cellvars else None
         if isinstance(owner, nn.Module):
-            found = _owners.get(owner)
-            if found is not None:
-                return found[0], found[1], owner
+            entry = _owners.get(owner)
+            if entry is not None:
+                if found is None:
+                    found = (entry[0], entry[1], owner)
+                if code.co_name in _CALLS:
+                    return (*found, None)
+                method = code.co_name
         f = f.f_back
-    return None
+    return None if found is None else (*found, method)
 
 
 def _backward_owner():
@@ -146,8 +160,12 @@ def note_dense(op, why=None):
     kind = op if isinstance(op, str) else str(getattr(op, "__name__", op))
     what = kind if why is None else f"{kind} ({why})"
     found = _innermost_module()
+    if found is not None and found[3] is not None:  # the model's own method, outside forward: the caller's code
+        report, method = found[0], f"{type(found[2]).__name__}.{found[3]}"
+        report.outside_ops[(method, what)] = report.outside_ops.get((method, what), 0) + 1
+        return
     if found is not None:
-        report, name, module = found
+        report, name, module, _ = found
         where = f"{name or '(model)'} ({type(module).__name__})"
     else:
         found = _backward_owner()

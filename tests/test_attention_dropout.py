@@ -295,7 +295,7 @@ def test_nanogpt_generate_takes_the_last_position_in_tiles(device):
     cfg = nanogpt_model.GPTConfig(block_size=32, vocab_size=101, n_layer=2, n_head=4, n_embd=64, dropout=0.1)
     ref = nanogpt_model.GPT(cfg).to(device).eval()
     # one row tile for every length the prompt grows to: attention's tiles must hold whole sequences
-    ours = nt.convert(copy.deepcopy(ref), tile_size=384, batch_tile_size=1024).eval()
+    ours = nt.convert(copy.deepcopy(ref), strict=True, tile_size=384, batch_tile_size=1024).eval()
     x = torch.randint(0, 101, (3, 8), device=device)
     with torch.no_grad():
         logits, _ = ours(x)
@@ -306,7 +306,10 @@ def test_nanogpt_generate_takes_the_last_position_in_tiles(device):
     tokens, waits = waits_of(lambda: ours.generate(x, 5, top_k=10))
     torch.manual_seed(1)
     assert torch.equal(tokens.cpu(), ref.generate(x, 5, top_k=10).cpu())
-    ops = {op for _, op in nt.convert_report(ours).dense_ops}
+    report = nt.convert_report(ours)
+    assert report.dense_ops == {}, report.dense_ops  # the forward, x[:, [-1], :] included, all in tiles
+    ops = {op for _, op in report.outside_ops}  # generate()'s own sampling on the logits it read
+    assert {m for m, _ in report.outside_ops} == {"GPT.generate"}, report.outside_ops
     assert not any(op.startswith("index.") for op in ops), ops
     assert ops <= {"topk.default", "lt.Tensor", "index_put_.default", "_softmax.default"}, ops
     assert waits <= 2 * 5, waits  # reading each step's (B, V) logits for the sampling

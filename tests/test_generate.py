@@ -1,7 +1,8 @@
 """Hugging Face's generate() on converted models (GPT-2, and Llama built from a tiny config): greedy and top-k sampling,
 with and without the key/value cache, the same tokens as the unconverted model; no weight is gathered into a dense
 tensor; the cache's keys and values are tiles; what still runs as torch code is the sampling on the (B, V) logits
-of the last position (one host wait per token), named in the report."""
+of the last position (one host wait per token), in generate()'s own code: named in the report's outside_ops, not a
+fallback (strict mode lets it run)."""
 import copy
 import warnings
 
@@ -65,29 +66,32 @@ class GatheredWeights:
 
 def generate(ours, ref, ids, mask, monkeypatch, **kw):
     """ours.generate and ref.generate from the same seed; returns (ours' output, ref's tokens, host waits, weights
-    gathered, dense ops of ours' report during the call)."""
+    gathered, (dense ops, ops outside forward) of ours' report during the call)."""
     report = nt.convert_report(ours)
     report.dense_ops.clear()
+    report.outside_ops.clear()
     gathered = GatheredWeights(ours, monkeypatch)
     kw = dict(max_new_tokens=NEW, attention_mask=mask, return_dict_in_generate=True, pad_token_id=0, **kw)
     before = nt.stats()["blocking_waits"]
     torch.manual_seed(1)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the sampling's dense ops warn once; they are checked below
+        warnings.simplefilter("ignore")  # a cache that falls back warns once; checked below
         out = ours.generate(ids, **kw)
     waits = nt.stats()["blocking_waits"] - before
     monkeypatch.undo()
     torch.manual_seed(1)
     expected = ref.generate(ids, **kw).sequences
-    return out, expected, waits, gathered.gathered, dict(report.dense_ops)
+    return out, expected, waits, gathered.gathered, (dict(report.dense_ops), dict(report.outside_ops))
 
 
-def assert_in_tiles(out, waits, gathered, dense_ops, sample, cache, layers=2):
+def assert_in_tiles(out, waits, gathered, ops, sample, cache, layers=2):
     assert gathered == [], f"weights gathered into dense tensors: {sorted(set(gathered))}"
-    # only the sampling on the logits, in generate()'s own code (the model's), once per new token
-    assert {m for m, _ in dense_ops} <= {""}, dense_ops
-    assert {op for _, op in dense_ops} <= SAMPLING_OPS[sample], dense_ops
-    assert all(n == NEW for n in dense_ops.values()), dense_ops
+    dense_ops, outside_ops = ops
+    assert dense_ops == {}, dense_ops  # nothing dense inside the model's forward
+    # only the sampling on the logits, in generate()'s own code (a method of the model, outside forward), once per token
+    assert {m.split(".")[-1] for m, _ in outside_ops} <= {"generate", "_sample"}, outside_ops
+    assert {op for _, op in outside_ops} <= SAMPLING_OPS[sample], outside_ops
+    assert all(n == NEW for n in outside_ops.values()), outside_ops
     assert waits <= NEW, waits  # reading each token's (B, V) logits
     if cache:
         kv = out.past_key_values
@@ -104,13 +108,12 @@ def test_gpt2_generate_in_tiles(device, sample, cache, monkeypatch):
     """Greedy and top-k sampling (torch's generator draws only in the sampler, so the seeded streams align), with and
     without the cache: the unconverted model's tokens, no weight gathered, only the sampling as torch code."""
     ref = gpt2(device)
-    ours = nt.convert(copy.deepcopy(ref), **TILES).eval()
-    assert nt.convert_report(ours).dense == []
+    ours = nt.convert(copy.deepcopy(ref), strict=True, **TILES).eval()  # the sampling is no fallback: it runs
     ids, mask = prompt(device)
     kw = dict(do_sample=True, top_k=10) if sample else dict(do_sample=False)
-    out, expected, waits, gathered, dense_ops = generate(ours, ref, ids, mask, monkeypatch, use_cache=cache, **kw)
+    out, expected, waits, gathered, ops = generate(ours, ref, ids, mask, monkeypatch, use_cache=cache, **kw)
     assert torch.equal(out.sequences, expected)
-    assert_in_tiles(out, waits, gathered, dense_ops, sample, cache)
+    assert_in_tiles(out, waits, gathered, ops, sample, cache)
 
 
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
@@ -121,22 +124,21 @@ def test_gpt2_generate_left_padded_with_cache(device, impl, monkeypatch):
     ref = gpt2(device, impl)
     ours = nt.convert(copy.deepcopy(ref), tile_size=384, batch_tile_size=8).eval()
     ids, mask = prompt(device, padded=True)
-    out, expected, waits, gathered, dense_ops = generate(ours, ref, ids, mask, monkeypatch, do_sample=False)
+    out, expected, waits, gathered, ops = generate(ours, ref, ids, mask, monkeypatch, do_sample=False)
     assert torch.equal(out.sequences, expected)
-    assert_in_tiles(out, waits, gathered, dense_ops, False, True)
+    assert_in_tiles(out, waits, gathered, ops, False, True)
 
 
 @pytest.mark.parametrize("cache", [True, False], ids=["cache", "no-cache"])
 def test_llama_generate_in_tiles(device, cache, monkeypatch):
     """Llama (grouped-query attention, rotary embeddings): the cache holds k and v after the rotary embedding."""
     ref = llama(device)
-    ours = nt.convert(copy.deepcopy(ref), **TILES).eval()
-    assert nt.convert_report(ours).dense == []
+    ours = nt.convert(copy.deepcopy(ref), strict=True, **TILES).eval()
     ids, mask = prompt(device, padded=cache)
-    out, expected, waits, gathered, dense_ops = generate(ours, ref, ids, mask, monkeypatch, use_cache=cache,
+    out, expected, waits, gathered, ops = generate(ours, ref, ids, mask, monkeypatch, use_cache=cache,
                                                          do_sample=False)
     assert torch.equal(out.sequences, expected)
-    assert_in_tiles(out, waits, gathered, dense_ops, False, cache)
+    assert_in_tiles(out, waits, gathered, ops, False, cache)
 
 
 def test_generate_cache_fallback_is_named(device, monkeypatch):
@@ -146,7 +148,7 @@ def test_generate_cache_fallback_is_named(device, monkeypatch):
     ref = gpt2(device)
     ours = nt.convert(copy.deepcopy(ref), tile_size=64, batch_tile_size=1024).eval()
     ids, mask = prompt(device)
-    out, expected, waits, gathered, dense_ops = generate(ours, ref, ids, mask, monkeypatch, do_sample=False)
+    out, expected, waits, gathered, (dense_ops, _) = generate(ours, ref, ids, mask, monkeypatch, do_sample=False)
     assert torch.equal(out.sequences, expected)
     assert gathered == []
     assert dense_ops[("transformer.h.0.attn", "attention (key/value cache with qkv tiles (21, 64) that do not hold "
