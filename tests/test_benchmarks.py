@@ -30,6 +30,19 @@ def test_linear_benchmark(tmp_path):
     assert d["nntile_s"] > 0 and d["torch_s"] > 0
 
 
+def test_generate_benchmark(tmp_path):
+    """benchmarks.generate on the tiny GPT-2 and Llama shapes: in fp32 the converted model's greedy tokens are torch's,
+    with and without the cache, one host wait per token or so (reading each token's logits)."""
+    for config in ("tiny", "llama-tiny"):
+        run("benchmarks.generate", "--config", config, "--batch", "2", "--prompt", "9", "--new", "5", "--json",
+            "g.json", tmp_path=tmp_path)
+        rows = json.loads((tmp_path / "g.json").read_text())["rows"]
+        assert [r["cache"] for r in rows] == [True, False]
+        for r in rows:
+            assert r["tokens_agree"] == 1.0 and r["torch_tokens_s"] > 0 and r["nntile_tokens_s"] > 0, r
+            assert r["host_waits_per_token"] <= 1.5, r
+
+
 def test_submission_benchmark(tmp_path):
     run("benchmarks.submission", "--layers", "2", "--width", "16", "--steps", "3", "--out", "s.json",
         tmp_path=tmp_path)
