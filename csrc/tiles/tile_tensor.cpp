@@ -24,7 +24,7 @@ namespace {
 at::ScalarType scalar_type(DType t) { return t == DType::f32 ? at::kFloat : t == DType::bf16 ? at::kBFloat16 : at::kLong; }
 
 // Waits for torch's current stream on t's device (not the whole device: StarPU's streams run on).
-void sync_torch_stream(const torch::Tensor &t) {
+void sync_torch_stream(const at::Tensor &t) {
 #ifdef NNTILE_USE_CUDA
     if (t.is_cuda()) c10::cuda::getCurrentCUDAStream(t.device().index()).synchronize();
 #else
@@ -66,7 +66,7 @@ bool with_tile(starpu_data_handle_t h, int node, starpu_data_access_mode mode, F
 }
 
 // The dense sub-block that tile `index` covers.
-torch::Tensor block_of(torch::Tensor dense, const std::vector<int64_t> &index, const std::vector<int64_t> &tile_shape,
+at::Tensor block_of(at::Tensor dense, const std::vector<int64_t> &index, const std::vector<int64_t> &tile_shape,
                        const std::vector<int64_t> &extents) {
     for (size_t d = 0; d < index.size(); ++d) dense = dense.narrow((int64_t)d, index[d] * tile_shape[d], extents[d]);
     return dense;
@@ -193,8 +193,8 @@ void TileTensor::ensure_handles() {
         handles_ = std::move(handles);
     }
     if (saved_.defined()) {
-        torch::Tensor saved = saved_;
-        saved_ = torch::Tensor();
+        at::Tensor saved = saved_;
+        saved_ = at::Tensor();
         from_dense(saved);
     }
 }
@@ -210,7 +210,7 @@ bool TileTensor::same_tiling(const TileTensor &o) const {
     return shape_ == o.shape_ && tile_shape_ == o.tile_shape_ && dtype_ == o.dtype_;
 }
 
-void TileTensor::from_dense(const torch::Tensor &src) {
+void TileTensor::from_dense(const at::Tensor &src) {
     NNTILE_CHECK(src.sizes().vec() == shape_, "dense tensor of shape " << src.sizes() << " does not match tile tensor "
                                                                         << "shape " << c10::IntArrayRef(shape_));
     if (dtype_ == DType::i64)
@@ -221,11 +221,11 @@ void TileTensor::from_dense(const torch::Tensor &src) {
     ensure_handles();
     // A CUDA tensor goes straight into tiles on its GPU when a worker drives that GPU; else through host RAM.
     int node = src.is_cuda() ? cuda_node_of(src.device().index()) : -1;
-    auto opts = torch::TensorOptions().dtype(scalar_type(dtype_));
-    torch::Tensor dense = src.detach().to(scalar_type(dtype_));
+    auto opts = at::TensorOptions().dtype(scalar_type(dtype_));
+    at::Tensor dense = src.detach().to(scalar_type(dtype_));
     if (node < 0) {
         node = STARPU_MAIN_RAM;
-        dense = dense.to(torch::kCPU);
+        dense = dense.to(at::kCPU);
     } else {
         opts = opts.device(src.device());
     }
@@ -237,7 +237,7 @@ void TileTensor::from_dense(const torch::Tensor &src) {
         auto ext = tile_extents(t);
         auto block = block_of(dense, tile_index(t), tile_shape_, ext);
         waited |= with_tile(handles_[t], node, STARPU_W, [&](void *ptr) {
-            torch::from_blob(ptr, ext, opts).copy_(block);
+            at::from_blob(ptr, ext, opts).copy_(block);
             sync_torch_stream(dense);
         });
     }
@@ -245,20 +245,20 @@ void TileTensor::from_dense(const torch::Tensor &src) {
     bump_version();
 }
 
-torch::Tensor TileTensor::to_dense(c10::optional<torch::Device> device) {
+at::Tensor TileTensor::to_dense(c10::optional<at::Device> device) {
     ensure_handles();
     count_wait();
     int node = device && device->is_cuda() ? cuda_node_of(device->index()) : -1;
-    auto opts = torch::TensorOptions().dtype(scalar_type(dtype_));
+    auto opts = at::TensorOptions().dtype(scalar_type(dtype_));
     if (node >= 0)
         opts = opts.device(*device);
     else
         node = STARPU_MAIN_RAM;
-    torch::Tensor out = torch::empty(shape_, opts);
+    at::Tensor out = at::empty(shape_, opts);
     for (int64_t t = 0; t < ntiles(); ++t) {
         auto ext = tile_extents(t);
         with_tile(handles_[t], node, STARPU_R, [&](void *ptr) {
-            block_of(out, tile_index(t), tile_shape_, ext).copy_(torch::from_blob(ptr, ext, opts));
+            block_of(out, tile_index(t), tile_shape_, ext).copy_(at::from_blob(ptr, ext, opts));
             sync_torch_stream(out);
         });
     }

@@ -1,7 +1,7 @@
 // The tiled tensor: a logical N-d shape cut into a grid of tiles, one StarPU handle per tile.
 #pragma once
 #include <starpu.h>
-#include <torch/extension.h>
+#include <ATen/ATen.h>  // tensors only: the Python binding is bindings.cpp's alone
 
 #include <memory>
 #include <string>
@@ -59,10 +59,10 @@ class TileTensor {
 
     // Copies a dense tensor (any device, any float dtype) into the tiles. Waits only for tasks still using
     // the tiles. Dense -> tiles.
-    void from_dense(const torch::Tensor &src);
+    void from_dense(const at::Tensor &src);
     // Waits for the tasks writing the tiles (a blocking wait) and gathers them into a dense tensor on `device`
     // (CPU by default; a GPU driven by a CUDA worker is filled from tiles on that GPU).
-    torch::Tensor to_dense(c10::optional<torch::Device> device = c10::nullopt);
+    at::Tensor to_dense(c10::optional<at::Device> device = c10::nullopt);
 
     // Hints that no task will read this tensor again soon (StarPU may evict it first).
     void wont_use();
@@ -94,7 +94,7 @@ class TileTensor {
     std::vector<void *> homes_;  // one pinned host buffer per tile when host-homed, else empty
     bool allocate_homes();
     void free_homes();
-    torch::Tensor saved_;  // dense copy held across a runtime restart
+    at::Tensor saved_;  // dense copy held across a runtime restart
     int64_t version_ = 0;
 };
 
