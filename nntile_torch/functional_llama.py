@@ -131,17 +131,19 @@ class GQAttentionFunction(torch.autograd.Function):
     whole rows with one row tiling holding whole sequences -> y (B, T, nheads x hd), heads side by side, tiled like
     q. Query head h reads k/v head h / (nheads / kv_heads) (Hugging Face's repeat_kv, inside the task: no repeated
     k or v in tiles); the backward recomputes the forward and sums each k/v head's gradient over its group. bf16:
-    the kernel computes in bfloat16 (tiles stay float32). Keeps q, k, v."""
+    the kernel computes in bfloat16 (tiles stay float32). dropout_p > 0: dropout on the attention probabilities, the
+    keep mask nntile's hash of (seed, sequence, query head, query, key), as CausalAttentionFunction's (explicit math
+    on the scores, recomputed by the backward). Keeps q, k, v."""
 
     @staticmethod
     @without_torch_function
-    def forward(ctx, q, k, v, nheads, kv_heads, scale, bf16=False, mask=None):
+    def forward(ctx, q, k, v, nheads, kv_heads, scale, bf16=False, mask=None, dropout_p=0.0, seed=0):
         qt, kt, vt = q.tiles, k.tiles, v.tiles
         seq = q.shape[1]
         y = tiles_like(qt, name="gqa_attention.y")
-        _C.gqa_attention_forward(qt, kt, vt, y, seq, nheads, kv_heads, scale, bf16, mask)
+        _C.gqa_attention_forward(qt, kt, vt, y, seq, nheads, kv_heads, scale, bf16, mask, dropout_p, seed)
         keep(ctx, q.device, qt, kt, vt)
-        ctx.args = (seq, nheads, kv_heads, scale, bf16, mask)
+        ctx.args = (seq, nheads, kv_heads, scale, bf16, mask, dropout_p, seed)
         ctx.shapes, ctx.device = (q.shape, k.shape, v.shape), q.device
         return TileTensor(y, q.shape, q.device)
 
@@ -153,4 +155,4 @@ class GQAttentionFunction(torch.autograd.Function):
         dq, dk, dv = (tiles_like(t, name=f"gqa_attention.d{n}") for t, n in ((qt, "q"), (kt, "k"), (vt, "v")))
         _C.gqa_attention_backward(tiles_of(qt.shape, qt.tile_shape, dy), qt, kt, vt, dq, dk, dv, *ctx.args)
         return (*(TileTensor(g, shape, ctx.device) for g, shape in zip((dq, dk, dv), ctx.shapes)),
-                None, None, None, None, None)
+                None, None, None, None, None, None, None)

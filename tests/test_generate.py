@@ -154,3 +154,74 @@ def test_generate_cache_fallback_is_named(device, monkeypatch):
     assert dense_ops[("transformer.h.0.attn", "attention (key/value cache with qkv tiles (21, 64) that do not hold "
                                               "whole rows)")] == 1
     assert any("key/value cache holding dense tensors" in op for _, op in dense_ops)
+
+
+# --- the cached attention kernel: new queries over the cache's keys -------------------------------------------------
+
+def _tiles_of(x, row_tile):
+    from nntile_torch.tensor import new_tiles
+    t = new_tiles(list(x.shape), [row_tile, x.shape[1]])
+    t.from_dense(x.contiguous())
+    return t
+
+
+@pytest.mark.parametrize("q_len,kv_len,heads,kv_heads,packed,bf16", [
+    (1, 7, 4, 2, False, False), (3, 11, 6, 3, False, False), (5, 5, 2, 2, False, False), (1, 9, 3, 3, True, False),
+    (2, 13, 3, 3, True, False), (3, 10, 4, 1, False, True), (2, 9, 3, 3, True, True)],
+    ids=lambda v: str(v))
+def test_cached_attention_matches_sdpa(device, q_len, kv_len, heads, kv_heads, packed, bf16):
+    """_C.cached_attention_forward against torch's scaled_dot_product_attention (float64 reference) on awkward shapes:
+    grouped-query heads, q, k, v as column ranges of packed qkv rows (GPT-2's cache) or tensors of their own (Llama's),
+    a padding-and-causal mask, several sequences per tile and a last tile with fewer, bf16."""
+    from nntile_torch import _C
+    from nntile_torch.tensor import new_tiles
+    g = torch.Generator().manual_seed(q_len * 100 + kv_len)
+    nseq, hd, per_tile = 5, 6, 2
+    if packed:  # q from the new rows' first third, k and v from the cache's second and third
+        qkv_new = torch.randn(nseq * q_len, 3 * heads * hd, generator=g)
+        qkv_all = torch.randn(nseq * kv_len, 3 * heads * hd, generator=g)
+        q, k, v = qkv_new[:, :heads * hd], qkv_all[:, heads * hd:2 * heads * hd], qkv_all[:, 2 * heads * hd:]
+    else:
+        q = torch.randn(nseq * q_len, heads * hd, generator=g)
+        k, v = (torch.randn(nseq * kv_len, kv_heads * hd, generator=g) for _ in range(2))
+    # new query i of a sequence sees keys up to kv_len - q_len + i, not the first `pad` (left padding)
+    pads = torch.tensor([0, 2, 1, 0, 3])
+    pos = torch.arange(kv_len)
+    keep = (pos[None, None, :] <= kv_len - q_len + torch.arange(q_len)[None, :, None]) & \
+        (pos[None, None, :] >= pads[:, None, None])
+    mask = torch.zeros(nseq, q_len, kv_len).masked_fill_(~keep, float("-inf"))
+    scale = 0.37
+    heads_of = lambda x, n, t: x.double().reshape(nseq, t, n, hd).transpose(1, 2)  # noqa: E731
+    rnd = (lambda x: x.bfloat16().double()) if bf16 else (lambda x: x)
+    kr, vr = (rnd(heads_of(z, kv_heads, kv_len)).repeat_interleave(heads // kv_heads, dim=1) for z in (k, v))
+    ref = torch.nn.functional.scaled_dot_product_attention(rnd(heads_of(q, heads, q_len)), kr, vr,
+                                                           attn_mask=mask[:, None].double(), scale=scale)
+    ref = ref.transpose(1, 2).reshape(nseq * q_len, heads * hd)
+    dev = torch.device(device)
+    if packed:
+        qt, kt, vt = _tiles_of(qkv_new.to(dev), per_tile * q_len), _tiles_of(qkv_all.to(dev), per_tile * kv_len), None
+        cols = (0, heads * hd, 2 * heads * hd)
+    else:
+        qt, kt, vt = (_tiles_of(z.to(dev), per_tile * n) for z, n in ((q, q_len), (k, kv_len), (v, kv_len)))
+        cols = (0, 0, 0)
+    mt = _tiles_of(mask.reshape(nseq * q_len, kv_len).to(dev), per_tile * q_len)
+    y = new_tiles([nseq * q_len, heads * hd], [per_tile * q_len, heads * hd])
+    _C.cached_attention_forward(qt, kt, vt, mt, y, q_len, kv_len, heads, kv_heads, hd, *cols, scale, bf16)
+    out = y.to_dense(dev).cpu().double()
+    tol = 2e-2 if bf16 else 1e-5
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+
+
+def test_cached_attention_checks_its_arguments():
+    from nntile_torch import _C
+    from nntile_torch.tensor import new_tiles
+    q, y, m = new_tiles([4, 24], [2, 24]), new_tiles([4, 24], [2, 24]), new_tiles([4, 10], [2, 10])
+    k = new_tiles([20, 12], [10, 12])
+    with pytest.raises(RuntimeError, match="multiple of key/value heads"):
+        _C.cached_attention_forward(q, k, k, m, y, 2, 10, 4, 3, 6, 0, 0, 0, 1.0)
+    with pytest.raises(RuntimeError, match="k and v must hold 2 sequences of 9 rows"):
+        _C.cached_attention_forward(q, k, k, new_tiles([4, 9], [2, 9]), y, 2, 9, 4, 2, 6, 0, 0, 0, 1.0)
+    with pytest.raises(RuntimeError, match="heads past the end of a row"):
+        _C.cached_attention_forward(q, k, None, m, y, 2, 10, 4, 2, 6, 0, 6, 6, 1.0)
+    with pytest.raises(RuntimeError, match="whole sequences of 3 queries"):
+        _C.cached_attention_forward(q, k, k, m, y, 3, 10, 4, 2, 6, 0, 0, 0, 1.0)

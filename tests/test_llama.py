@@ -415,6 +415,90 @@ def test_plan_elementwise_share_keeps_gpt2_and_scales_llama():
 
 # --- whole Hugging Face models: every layer as tile tasks, the unconverted model's numbers ---
 
+def gqa_dropped_ref(q, k, v, heads, kv_heads, keep, p, mask=None):
+    """Grouped-query attention with dropout by the keep mask (B, H, T, T) on the probabilities, written out: heads of
+    q, k and v repeated over each group, causal or with a boolean mask."""
+    b, t, _ = q.shape
+    hd = q.shape[-1] // heads
+    qh, kh, vh = (z.view(b, t, -1, hd).transpose(1, 2) for z in (q, k, v))
+    kh, vh = llama.repeat_kv(kh, heads // kv_heads), llama.repeat_kv(vh, heads // kv_heads)
+    scores = qh @ kh.transpose(2, 3) * hd ** -0.5
+    allowed = torch.ones(t, t, dtype=torch.bool, device=q.device).tril() if mask is None else mask
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, -1) * keep.to(q.device, q.dtype) / (1 - p)
+    return (probs @ vh).transpose(1, 2).reshape(b, t, -1)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "padding-mask"])
+@pytest.mark.parametrize("b,t,heads,kv_heads,hd,rows,p", [(3, 11, 4, 2, 8, 22, 0.1), (2, 6, 6, 1, 4, 6, 0.5)],
+                         ids=["3x11,4q/2kv,rows=22,p=0.1", "2x6,6q/1kv,rows=6,p=0.5"])
+def test_gqa_attention_dropout_matches_the_masked_reference(device, b, t, heads, kv_heads, hd, rows, p, masked):
+    """Attention dropout inside the grouped-query attention task (Llama's attention_dropout in training): output and
+    the gradients of q, k, v equal the written-out attention with the same keep mask (the debug entry point's, one
+    per query head, hashed from the sequence's global index), within twice torch's own float32 error; the keep rate
+    is about 1 - p; another seed drops other entries."""
+    from nntile_torch import _C
+    from nntile_torch.functional import attention_mask_tiles
+    from nntile_torch.functional_llama import GQAttentionFunction
+    torch.manual_seed(0)
+    q = torch.randn(b, t, heads * hd, device=device)
+    k, v = (torch.randn(b, t, kv_heads * hd, device=device) for _ in range(2))
+    gy = torch.randn(b, t, heads * hd, device=device)
+    mask = None
+    if masked:
+        keep_pos = torch.ones(b, t, dtype=torch.bool, device=device)
+        keep_pos[0, -2:] = False
+        mask = torch.ones(t, t, dtype=torch.bool, device=device).tril()[None, None] & keep_pos[:, None, None, :]
+        mask = mask | torch.eye(t, dtype=torch.bool, device=device)
+    seed = 987654321
+    keep = _C.attention_dropout_keep(b, heads, t, p, seed, 0)
+    assert abs(keep.float().mean().item() - (1 - p)) < 0.08
+    assert not torch.equal(keep, _C.attention_dropout_keep(b, heads, t, p, seed + 1, 0))
+    tiled = [nt.TileTensor.from_dense(z, (rows, z.shape[-1]), (b * t, z.shape[-1])).requires_grad_(True)
+             for z in (q, k, v)]
+    mt = None if mask is None else attention_mask_tiles(mask, b, t, rows, device)
+    y = GQAttentionFunction.apply(*tiled, heads, kv_heads, hd ** -0.5, False, mt, p, seed)
+    grads = torch.autograd.grad(y, tiled, gy)
+    dense_ = [z.clone().requires_grad_(True) for z in (q, k, v)]
+    yr = gqa_dropped_ref(*dense_, heads, kv_heads, keep, p, mask)
+    gr = torch.autograd.grad(yr, dense_, gy)
+    d64 = [z.double().requires_grad_(True) for z in (q, k, v)]
+    y64 = gqa_dropped_ref(*d64, heads, kv_heads, keep, p, mask)
+    g64 = torch.autograd.grad(y64, d64, gy.double())
+    assert_close_as_torch(y, yr, y64, what="output")
+    for name, a, r, r64 in zip("qkv", grads, gr, g64):
+        assert_close_as_torch(a, r, r64, what=f"grad {name}")
+
+
+def test_hf_llama_with_attention_dropout_trains_in_tiles(device):
+    """A Llama with attention_dropout 0.1 converts strict and trains with its dropout inside the attention task (no
+    host wait in a step); with the same seed two steps drop alike, and eval is the unconverted model's."""
+    import copy
+    ref = hf_model("llama", attention_dropout=0.1).to(device)
+    model = nt.convert(copy.deepcopy(ref), strict=True, tile_size=64, batch_tile_size=48).train()
+    ids = torch.randint(0, 100, (2, 24), generator=torch.Generator().manual_seed(1)).to(device)
+    torch.manual_seed(5)
+    loss = model(input_ids=ids, labels=ids).loss.item()
+    torch.manual_seed(5)
+    assert model(input_ids=ids, labels=ids).loss.item() == loss
+    torch.manual_seed(6)
+    assert model(input_ids=ids, labels=ids).loss.item() != loss  # another mask
+    opt = nt.optim.AdamW(model.parameters(), lr=1e-3)
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    before = nt.stats()["blocking_waits"]
+    opt.zero_grad()
+    model(input_ids=ids, labels=ids).loss.backward()
+    opt.step()
+    assert nt.stats()["blocking_waits"] == before
+    assert not nt.convert_report(model).dense_ops
+    model.eval(), ref.eval()
+    fresh = nt.convert(copy.deepcopy(ref), strict=True, tile_size=64, batch_tile_size=48).eval()
+    with torch.no_grad():
+        assert (dense(fresh(input_ids=ids).logits) - ref(input_ids=ids).logits).abs().max().item() \
+            <= 1e-5 * ref(input_ids=ids).logits.abs().max().item()
+
+
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8, "rope_theta": 500000.0}
 

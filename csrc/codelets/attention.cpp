@@ -56,11 +56,13 @@ struct GqaArgs {
     float scale;
     bool bf16;
     bool masked;  // a mask tile follows v in the buffers
+    kernels::AttentionDropout drop;
 };
 
 uint32_t gqa_footprint(starpu_task *task) {
     const auto &a = args_of<GqaArgs>(task);
-    return hash_ints({a.nseq, a.seq, a.nheads, a.kv_heads, a.hd, a.bf16 ? 1 : 0, a.masked ? 1 : 0});
+    return hash_ints({a.nseq, a.seq, a.nheads, a.kv_heads, a.hd, a.bf16 ? 1 : 0, a.masked ? 1 : 0,
+                      a.drop.p > 0.0f ? 1 : 0});
 }
 
 #define NNTILE_PTR(i) ((float *)STARPU_VECTOR_GET_PTR(buffers[i]))
@@ -71,7 +73,7 @@ void gqa_fwd_func(void *buffers[], void *cl_arg) {  // buffers: q, k, v, [mask],
     const int m = a->masked ? 1 : 0;
     kernels::gqa_attention_forward(where<Cuda>(), a->nseq, a->seq, a->nheads, a->kv_heads, a->hd, a->scale, a->bf16,
                                    NNTILE_PTR(0), NNTILE_PTR(1), NNTILE_PTR(2), m ? NNTILE_PTR(3) : nullptr,
-                                   NNTILE_PTR(3 + m));
+                                   NNTILE_PTR(3 + m), a->drop);
 }
 
 template <bool Cuda>
@@ -81,7 +83,7 @@ void gqa_bwd_func(void *buffers[], void *cl_arg) {  // buffers: dy, q, k, v, [ma
     kernels::gqa_attention_backward(where<Cuda>(), a->nseq, a->seq, a->nheads, a->kv_heads, a->hd, a->scale, a->bf16,
                                     NNTILE_PTR(0), NNTILE_PTR(1), NNTILE_PTR(2), NNTILE_PTR(3),
                                     m ? NNTILE_PTR(4) : nullptr, NNTILE_PTR(4 + m), NNTILE_PTR(5 + m),
-                                    NNTILE_PTR(6 + m));
+                                    NNTILE_PTR(6 + m), a->drop);
 }
 #undef NNTILE_PTR
 
@@ -97,14 +99,68 @@ starpu_codelet *cl_gqa_bwd() {
     return cl;
 }
 
+struct CachedArgs {
+    int64_t nseq, q_len, kv_len, nheads, kv_heads, hd;
+    int64_t q_col, k_col, v_col;  // where q's, k's and v's heads start in their rows
+    float scale;
+    bool bf16;
+    bool v_in_k;  // v is a column range of k's tile (GPT-2's packed qkv rows): no v buffer
+};
+
+uint32_t cached_footprint(starpu_task *task) {
+    const auto &a = args_of<CachedArgs>(task);
+    return hash_ints({a.nseq, a.q_len, a.kv_len, a.nheads, a.kv_heads, a.hd, a.bf16 ? 1 : 0});
+}
+
+template <bool Cuda>
+void cached_fwd_func(void *buffers[], void *cl_arg) {  // buffers: q, k, [v], mask, y
+    auto *a = static_cast<CachedArgs *>(cl_arg);
+    const int n = a->v_in_k ? 0 : 1;
+    auto row = [&](int i) {  // a buffer's row length: a vector of nseq * len rows
+        const int64_t len = i == 0 ? a->q_len : a->kv_len;
+        return (int64_t)STARPU_VECTOR_GET_NX(buffers[i]) / (a->nseq * len);
+    };
+    const float *q = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), *k = (const float *)STARPU_VECTOR_GET_PTR(buffers[1]);
+    const float *v = (const float *)STARPU_VECTOR_GET_PTR(buffers[1 + n]);
+    kernels::cached_attention_forward(where<Cuda>(), a->nseq, a->q_len, a->kv_len, a->nheads, a->kv_heads, a->hd,
+                                      a->scale, a->bf16, q + a->q_col, row(0), k + a->k_col, row(1), v + a->v_col,
+                                      row(1 + n), (const float *)STARPU_VECTOR_GET_PTR(buffers[2 + n]),
+                                      (float *)STARPU_VECTOR_GET_PTR(buffers[3 + n]));
+}
+
+starpu_codelet *cl_cached_fwd() {
+    static starpu_codelet *cl = new_codelet<cached_fwd_func<false>, NNTILE_CUDA_IMPL(cached_fwd_func<true>)>(
+        "cached_attention_forward", "nntile_cached_attention_forward", cached_footprint);
+    return cl;
+}
+
 }  // namespace
+
+void submit_cached_attention_forward(int64_t nseq, int64_t q_len, int64_t kv_len, int64_t nheads, int64_t kv_heads,
+                                     int64_t hd, int64_t q_col, int64_t k_col, int64_t v_col, float scale, bool bf16,
+                                     starpu_data_handle_t q, starpu_data_handle_t k, starpu_data_handle_t v,
+                                     starpu_data_handle_t mask, starpu_data_handle_t y) {
+    double flops = 4.0 * nseq * q_len * kv_len * nheads * hd;
+    auto *args = cl_args(CachedArgs{nseq, q_len, kv_len, nheads, kv_heads, hd, q_col, k_col, v_col, scale, bf16,
+                                    v == nullptr});
+    int ret = v ? NNTILE_TASK_INSERT(cl_cached_fwd(), STARPU_R, q, STARPU_R, k, STARPU_R, v, STARPU_R, mask, STARPU_W,
+                                     y, STARPU_CL_ARGS, args, sizeof(CachedArgs), STARPU_FLOPS, flops, STARPU_NAME,
+                                     "cached_attention_forward", 0)
+                : NNTILE_TASK_INSERT(cl_cached_fwd(), STARPU_R, q, STARPU_R, k, STARPU_R, mask, STARPU_W, y,
+                                     STARPU_CL_ARGS, args, sizeof(CachedArgs), STARPU_FLOPS, flops, STARPU_NAME,
+                                     "cached_attention_forward", 0);
+    NNTILE_STARPU_CHECK(ret, "submitting cached_attention_forward q_len=" << q_len << " kv_len=" << kv_len
+                                                                          << " heads=" << nheads << "/" << kv_heads);
+    count_task();
+}
 
 void submit_gqa_attention_forward(int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                                   float scale, bool bf16, starpu_data_handle_t q, starpu_data_handle_t k,
-                                  starpu_data_handle_t v, starpu_data_handle_t mask, starpu_data_handle_t y) {
+                                  starpu_data_handle_t v, starpu_data_handle_t mask, starpu_data_handle_t y,
+                                  float dropout_p, int64_t seed, int64_t first_seq) {
     const bool masked = mask != nullptr;
     double flops = 4.0 * nseq * seq * seq * nheads * hd / (masked ? 1 : 2);  // causal: half of QK^T and PV
-    auto *args = cl_args(GqaArgs{nseq, seq, nheads, kv_heads, hd, scale, bf16, masked});
+    auto *args = cl_args(GqaArgs{nseq, seq, nheads, kv_heads, hd, scale, bf16, masked, {dropout_p, seed, first_seq}});
     int ret = masked ? NNTILE_TASK_INSERT(cl_gqa_fwd(), STARPU_R, q, STARPU_R, k, STARPU_R, v, STARPU_R, mask,
                                           STARPU_W, y, STARPU_CL_ARGS, args, sizeof(GqaArgs), STARPU_FLOPS, flops,
                                           STARPU_NAME, "gqa_attention_forward_masked", 0)
@@ -119,10 +175,11 @@ void submit_gqa_attention_forward(int64_t nseq, int64_t seq, int64_t nheads, int
 void submit_gqa_attention_backward(int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                                    float scale, bool bf16, starpu_data_handle_t dy, starpu_data_handle_t q,
                                    starpu_data_handle_t k, starpu_data_handle_t v, starpu_data_handle_t mask,
-                                   starpu_data_handle_t dq, starpu_data_handle_t dk, starpu_data_handle_t dv) {
+                                   starpu_data_handle_t dq, starpu_data_handle_t dk, starpu_data_handle_t dv,
+                                   float dropout_p, int64_t seed, int64_t first_seq) {
     const bool masked = mask != nullptr;
     double flops = 3.5 * 4.0 * nseq * seq * seq * nheads * hd / (masked ? 1 : 2);  // recomputed forward + backward
-    auto *args = cl_args(GqaArgs{nseq, seq, nheads, kv_heads, hd, scale, bf16, masked});
+    auto *args = cl_args(GqaArgs{nseq, seq, nheads, kv_heads, hd, scale, bf16, masked, {dropout_p, seed, first_seq}});
     int ret = masked ? NNTILE_TASK_INSERT(cl_gqa_bwd(), STARPU_R, dy, STARPU_R, q, STARPU_R, k, STARPU_R, v, STARPU_R,
                                           mask, STARPU_W, dq, STARPU_W, dk, STARPU_W, dv, STARPU_CL_ARGS, args,
                                           sizeof(GqaArgs), STARPU_FLOPS, flops, STARPU_NAME,

@@ -76,14 +76,23 @@ void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nhe
                                starpu_data_handle_t dqkv, float dropout_p = 0.0f, int64_t seed = 0,
                                int64_t first_seq = 0);
 // Grouped-query attention over nseq whole sequences: q (nseq * seq, nheads * hd), k, v (nseq * seq, kv_heads * hd)
-// -> y (nseq * seq, nheads * hd); backward writes dq, dk, dv. mask and bf16 as submit_attention_forward's.
+// -> y (nseq * seq, nheads * hd); backward writes dq, dk, dv. mask, bf16 and dropout as submit_attention_forward's.
+// Attention of q_len new queries over kv_len cached keys per sequence (generation), forward only: q (nseq * q_len,
+// .), k and v (nseq * kv_len, .) whose heads start at columns q_col, k_col, v_col of their rows (v null: v's columns
+// are in k's tile, GPT-2's packed qkv); mask (nseq * q_len, kv_len) additive; y (nseq * q_len, nheads * hd).
+void submit_cached_attention_forward(int64_t nseq, int64_t q_len, int64_t kv_len, int64_t nheads, int64_t kv_heads,
+                                     int64_t hd, int64_t q_col, int64_t k_col, int64_t v_col, float scale, bool bf16,
+                                     starpu_data_handle_t q, starpu_data_handle_t k, starpu_data_handle_t v,
+                                     starpu_data_handle_t mask, starpu_data_handle_t y);
 void submit_gqa_attention_forward(int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                                   float scale, bool bf16, starpu_data_handle_t q, starpu_data_handle_t k,
-                                  starpu_data_handle_t v, starpu_data_handle_t mask, starpu_data_handle_t y);
+                                  starpu_data_handle_t v, starpu_data_handle_t mask, starpu_data_handle_t y,
+                                  float dropout_p = 0.0f, int64_t seed = 0, int64_t first_seq = 0);
 void submit_gqa_attention_backward(int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                                    float scale, bool bf16, starpu_data_handle_t dy, starpu_data_handle_t q,
                                    starpu_data_handle_t k, starpu_data_handle_t v, starpu_data_handle_t mask,
-                                   starpu_data_handle_t dq, starpu_data_handle_t dk, starpu_data_handle_t dv);
+                                   starpu_data_handle_t dq, starpu_data_handle_t dk, starpu_data_handle_t dv,
+                                   float dropout_p = 0.0f, int64_t seed = 0, int64_t first_seq = 0);
 // Records a task error (raised at the host's next wait) when an integer tile (n values) holds a value outside
 // [lo, hi) other than `ignore`; `what` names the check in the message.
 void submit_index_check(int64_t n, int64_t lo, int64_t hi, int64_t ignore, const std::string &what,

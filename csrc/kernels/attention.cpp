@@ -238,27 +238,50 @@ struct Dropped {
     at::Tensor scaled_keep;  // keep / (1 - p), float32
 };
 
-Dropped dropped_probs(const Where &w, const float *qkv, const float *mask, int64_t nseq, int64_t seq, int64_t c,
-                      int64_t nheads, float scale, bool bf16, const AttentionDropout &drop) {
-    const int64_t hd = c / nheads;
-    auto t = wrap(qkv, {nseq, seq, 3, nheads, hd}, w);
-    if (bf16) t = t.to(at::kBFloat16).to(at::kFloat);  // the rounding of bf16 inputs, computed in float32
-    Dropped d{t.select(2, 0).transpose(1, 2), t.select(2, 1).transpose(1, 2), t.select(2, 2).transpose(1, 2)};
+// One sequence's dropped attention: q (seq rows, ld_q floats apart, nheads heads of hd), k and v (kv_heads heads,
+// each read by its group of nheads / kv_heads query heads) -> q, k, v as (1, nheads, seq, hd), the probabilities and
+// the scaled keep mask of drop (drop.first_seq: this sequence's global index).
+Dropped dropped_probs(const Where &w, const float *q, int64_t ld_q, const float *k, int64_t ld_k, const float *v,
+                      int64_t ld_v, const float *mask, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
+                      float scale, bool bf16, const AttentionDropout &drop) {
+    auto opts = at::TensorOptions().dtype(at::kFloat);
+    opts = w.cuda ? opts.device(at::kCUDA, w.device) : opts.device(at::kCPU);
+    const int64_t groups = nheads / kv_heads;
+    auto heads = [&](const float *x, int64_t ld, int64_t nh, int64_t g) {  // -> (1, nh * g, seq, hd) float32
+        auto t = at::from_blob(const_cast<float *>(x), {1, seq, nh, 1, hd}, {seq * ld, ld, hd, hd, 1}, opts)
+                     .expand({1, seq, nh, g, hd})
+                     .reshape({1, seq, nh * g, hd});
+        if (bf16) t = t.to(at::kBFloat16);  // the rounding of bf16 inputs, computed in float32
+        return t.to(at::kFloat).transpose(1, 2);
+    };
+    Dropped d{heads(q, ld_q, nheads, 1), heads(k, ld_k, kv_heads, groups), heads(v, ld_v, kv_heads, groups)};
     auto scores = at::matmul(d.q, d.k.transpose(2, 3)).mul_(scale);
     if (mask) {
-        scores.add_(wrap(mask, {nseq, 1, seq, seq}, w));
+        scores.add_(wrap(mask, {1, 1, seq, seq}, w));
     } else {
         auto future = at::ones({seq, seq}, scores.options().dtype(at::kBool)).triu_(1);
         scores.masked_fill_(future, -std::numeric_limits<float>::infinity());
     }
     d.probs = at::softmax(scores, -1);
-    auto opts = at::TensorOptions().dtype(at::kLong).device(scores.device());
-    auto index = at::arange(nseq * nheads * seq * seq, opts).add_(drop.first_seq * nheads * seq * seq);
+    auto iopts = at::TensorOptions().dtype(at::kLong).device(scores.device());
+    auto index = at::arange(nheads * seq * seq, iopts).add_(drop.first_seq * nheads * seq * seq);
     d.scaled_keep = dropout_keep(index, drop.seed, drop.p)
                         .to(at::kFloat)
                         .mul_((float)(1.0 / (1.0 - (double)drop.p)))
-                        .view({nseq, nheads, seq, seq});
+                        .view({1, nheads, seq, seq});
     return d;
+}
+
+// The backward of one sequence's dropped attention: out = (P * K) v with P = softmax(S), K the scaled keep mask;
+// dS = P * (dP - rowsum(dP * P)), dP = dPk * K. g: the output's gradient (1, nheads, seq, hd). Returns dq, dk, dv
+// per query head (1, nheads, seq, hd).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> dropped_backward(const Dropped &d, at::Tensor g, float scale, bool bf16) {
+    if (bf16) g = g.to(at::kBFloat16).to(at::kFloat);
+    auto dropped = d.probs * d.scaled_keep;
+    auto gv = at::matmul(dropped.transpose(2, 3), g);
+    auto dp = at::matmul(g, d.v.transpose(2, 3)).mul_(d.scaled_keep);
+    auto ds = (dp - (dp * d.probs).sum(-1, true)).mul_(d.probs).mul_(scale);
+    return {at::matmul(ds, d.k), at::matmul(ds.transpose(2, 3), d.q), gv};
 }
 }  // namespace
 
@@ -275,10 +298,12 @@ void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int
     c10::NoGradGuard no_grad;
     if (drop.p > 0.0f) {
         // one sequence at a time: the (nheads, seq, seq) temporaries of one, not of the whole tile
+        const int64_t hd = c / nheads;
         for (int64_t s = 0; s < nseq; ++s) {
             AttentionDropout one{drop.p, drop.seed, drop.first_seq + s};
-            auto d = dropped_probs(w, qkv + s * seq * 3 * c, mask ? mask + s * seq * seq : nullptr, 1, seq, c, nheads,
-                                   scale, bf16, one);
+            const float *x = qkv + s * seq * 3 * c;
+            auto d = dropped_probs(w, x, 3 * c, x + c, 3 * c, x + 2 * c, 3 * c, mask ? mask + s * seq * seq : nullptr,
+                                   seq, nheads, nheads, hd, scale, bf16, one);
             auto out = at::matmul(d.probs.mul_(d.scaled_keep), d.v);  // (1, nheads, seq, hd)
             wrap(y + s * seq * c, {1, seq, nheads, c / nheads}, w).copy_(out.transpose(1, 2));
         }
@@ -296,20 +321,14 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
     c10::NoGradGuard no_grad;
     const int64_t hd = c / nheads;
     if (drop.p > 0.0f) {
-        // out = (P * K) v with P = softmax(S), K the scaled keep mask; dS = P * (dP - rowsum(dP * P)), dP = dPk * K.
-        // One sequence at a time, as the forward.
+        // one sequence at a time, as the forward
         for (int64_t s = 0; s < nseq; ++s) {
             AttentionDropout one{drop.p, drop.seed, drop.first_seq + s};
-            auto d = dropped_probs(w, qkv + s * seq * 3 * c, mask ? mask + s * seq * seq : nullptr, 1, seq, c, nheads,
-                                   scale, bf16, one);
+            const float *x = qkv + s * seq * 3 * c;
+            auto d = dropped_probs(w, x, 3 * c, x + c, 3 * c, x + 2 * c, 3 * c, mask ? mask + s * seq * seq : nullptr,
+                                   seq, nheads, nheads, hd, scale, bf16, one);
             auto g = wrap(dy + s * seq * c, {1, seq, nheads, hd}, w).transpose(1, 2);  // (1, nheads, seq, hd)
-            if (bf16) g = g.to(at::kBFloat16).to(at::kFloat);
-            auto dropped = d.probs * d.scaled_keep;
-            auto gv = at::matmul(dropped.transpose(2, 3), g);
-            auto dp = at::matmul(g, d.v.transpose(2, 3)).mul_(d.scaled_keep);
-            auto ds = (dp - (dp * d.probs).sum(-1, true)).mul_(d.probs).mul_(scale);
-            auto gq = at::matmul(ds, d.k);
-            auto gk = at::matmul(ds.transpose(2, 3), d.q);
+            auto [gq, gk, gv] = dropped_backward(d, g, scale, bf16);
             auto out = wrap(dqkv + s * seq * 3 * c, {1, seq, 3, nheads, hd}, w);
             out.select(2, 0).copy_(gq.transpose(1, 2));
             out.select(2, 1).copy_(gk.transpose(1, 2));
@@ -328,10 +347,21 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
 
 void gqa_attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                            float scale, bool bf16, const float *q, const float *k, const float *v, const float *mask,
-                           float *y) {
+                           float *y, const AttentionDropout &drop) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     const int64_t groups = nheads / kv_heads;
+    if (drop.p > 0.0f) {  // explicit math, one sequence at a time, as attention_forward's
+        const int64_t wq = nheads * hd, wk = kv_heads * hd;
+        for (int64_t s = 0; s < nseq; ++s) {
+            AttentionDropout one{drop.p, drop.seed, drop.first_seq + s};
+            auto d = dropped_probs(w, q + s * seq * wq, wq, k + s * seq * wk, wk, v + s * seq * wk, wk,
+                                   mask ? mask + s * seq * seq : nullptr, seq, nheads, kv_heads, hd, scale, bf16, one);
+            auto out = at::matmul(d.probs.mul_(d.scaled_keep), d.v);  // (1, nheads, seq, hd)
+            wrap(y + s * seq * wq, {1, seq, nheads, hd}, w).copy_(out.transpose(1, 2));
+        }
+        return;
+    }
     auto qh = heads_of(w, q, nseq, seq, nheads, 1, hd, bf16);
     auto f = attend(w, qh, heads_of(w, k, nseq, seq, kv_heads, groups, hd, bf16),
                     heads_of(w, v, nseq, seq, kv_heads, groups, hd, bf16), scale,
@@ -341,10 +371,26 @@ void gqa_attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t nh
 
 void gqa_attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                             float scale, bool bf16, const float *dy, const float *q, const float *k, const float *v,
-                            const float *mask, float *dq, float *dk, float *dv) {
+                            const float *mask, float *dq, float *dk, float *dv, const AttentionDropout &drop) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     const int64_t groups = nheads / kv_heads;
+    if (drop.p > 0.0f) {
+        const int64_t wq = nheads * hd, wk = kv_heads * hd;
+        for (int64_t s = 0; s < nseq; ++s) {
+            AttentionDropout one{drop.p, drop.seed, drop.first_seq + s};
+            auto d = dropped_probs(w, q + s * seq * wq, wq, k + s * seq * wk, wk, v + s * seq * wk, wk,
+                                   mask ? mask + s * seq * seq : nullptr, seq, nheads, kv_heads, hd, scale, bf16, one);
+            auto g = wrap(dy + s * seq * wq, {1, seq, nheads, hd}, w).transpose(1, 2);
+            auto [gq, gk, gv] = dropped_backward(d, g, scale, bf16);
+            wrap(dq + s * seq * wq, {1, seq, nheads, hd}, w).copy_(gq.transpose(1, 2));
+            // a k/v head's gradient: the sum over its group of query heads
+            for (auto [gg, out] : {std::pair{gk, dk}, std::pair{gv, dv}})
+                wrap(out + s * seq * wk, {1, seq, kv_heads, hd}, w)
+                    .copy_(gg.view({1, kv_heads, groups, seq, hd}).sum(2).transpose(1, 2));
+        }
+        return;
+    }
     auto qh = heads_of(w, q, nseq, seq, nheads, 1, hd, bf16);
     const auto dy_view = wrap(dy, {nseq, seq, nheads, hd}, w).transpose(1, 2);  // (nseq, nheads, seq, hd)
     auto [gq, gk, gv] = fused_backward(w, qh, heads_of(w, k, nseq, seq, kv_heads, groups, hd, bf16),
@@ -357,6 +403,43 @@ void gqa_attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t n
         wrap(out, {nseq, seq, kv_heads, hd}, w).copy_(groups == 1 ? per_head.select(3, 0)
                                                                    : at::sum(per_head, at::IntArrayRef{3}, false, at::kFloat));
     }
+}
+
+namespace {
+// (nseq * len rows, ld floats apart) holding nh heads of hd from x on -> (nseq, nh * groups, len, hp): each head
+// repeated for its group of query heads, in the kernels' dtype and padding, one copy (the rows are strided).
+at::Tensor strided_heads(const Where &w, const float *x, int64_t nseq, int64_t len, int64_t nh, int64_t groups,
+                         int64_t hd, int64_t ld, bool bf16) {
+    const int64_t hp = padded_hd(w, hd);
+    auto opts = at::TensorOptions().dtype(at::kFloat);
+    opts = w.cuda ? opts.device(at::kCUDA, w.device) : opts.device(at::kCPU);
+    auto t = at::from_blob(const_cast<float *>(x), {nseq, len, nh, 1, hd}, {len * ld, ld, hd, hd, 1}, opts);
+    auto out = at::empty({nseq, len, nh, groups, hp}, t.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+    if (hp != hd) out.narrow(4, hd, hp - hd).zero_();
+    out.narrow(4, 0, hd).copy_(t.expand({nseq, len, nh, groups, hd}));
+    return out.view({nseq, len, nh * groups, hp}).transpose(1, 2);
+}
+}  // namespace
+
+void cached_attention_forward(const Where &w, int64_t nseq, int64_t q_len, int64_t kv_len, int64_t nheads,
+                              int64_t kv_heads, int64_t hd, float scale, bool bf16, const float *q, int64_t ld_q,
+                              const float *k, int64_t ld_k, const float *v, int64_t ld_v, const float *mask,
+                              float *y) {
+    StreamScope scope(w);
+    c10::NoGradGuard no_grad;
+    const int64_t groups = nheads / kv_heads;
+    auto qh = strided_heads(w, q, nseq, q_len, nheads, 1, hd, ld_q, bf16);
+    // the bias (nseq, 1, q_len, kv_len) in q's dtype; on GPUs its rows 16-aligned and broadcast over heads, as
+    // attention_bias prepares the square one
+    auto bias = wrap(mask, {nseq, 1, q_len, kv_len}, w).to(qh.scalar_type());
+    if (w.cuda) {
+        const int64_t pad = (16 - kv_len % 16) % 16;
+        if (pad) bias = at::constant_pad_nd(bias, {0, pad}).narrow(3, 0, kv_len);
+        bias = bias.expand({nseq, nheads, q_len, kv_len});
+    }
+    auto f = attend(w, qh, strided_heads(w, k, nseq, kv_len, kv_heads, groups, hd, ld_k, bf16),
+                    strided_heads(w, v, nseq, kv_len, kv_heads, groups, hd, ld_v, bf16), scale, bias);
+    wrap(y, {nseq, q_len, nheads, hd}, w).copy_(unpad(f.out, hd));
 }
 
 void set_attention_backend(int backend) { setting.store(backend); }

@@ -33,14 +33,23 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
 // Grouped-query attention (Llama, Mistral, Qwen2) on separate tiles of whole sequences: q (nseq * seq, nheads * hd),
 // k and v (nseq * seq, kv_heads * hd), heads side by side in each row; query head h attends with k/v head
 // h / (nheads / kv_heads) (Hugging Face's repeat_kv, done inside the task) -> y (nseq * seq, nheads * hd). mask and
-// bf16 as attention_forward's; no dropout. The backward recomputes the forward and writes dq, dk, dv, a k/v head's
-// gradient summed over its group of query heads.
+// bf16 and dropout as attention_forward's (the keep mask hashed per query head). The backward recomputes the forward
+// and writes dq, dk, dv, a k/v head's gradient summed over its group of query heads.
 void gqa_attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                            float scale, bool bf16, const float *q, const float *k, const float *v, const float *mask,
-                           float *y);
+                           float *y, const AttentionDropout &drop = {});
 void gqa_attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                             float scale, bool bf16, const float *dy, const float *q, const float *k, const float *v,
-                            const float *mask, float *dq, float *dk, float *dv);
+                            const float *mask, float *dq, float *dk, float *dv, const AttentionDropout &drop = {});
+// Attention of q_len new queries per sequence over kv_len keys (generation's key/value cache: the new positions over
+// the cached ones and themselves), forward only: q (nseq * q_len rows), k and v (nseq * kv_len rows), each row of q
+// holding nheads heads of hd (k and v kv_heads heads) from the pointer on, rows ld_q / ld_k / ld_v floats apart
+// (so q, k and v may be column ranges of GPT-2's packed qkv rows). mask: additive float (nseq * q_len, kv_len), row
+// s * q_len + i the bias of query i of sequence s against each key (causality is the mask's). y: (nseq * q_len,
+// nheads * hd). bf16 as attention_forward's.
+void cached_attention_forward(const Where &w, int64_t nseq, int64_t q_len, int64_t kv_len, int64_t nheads,
+                              int64_t kv_heads, int64_t hd, float scale, bool bf16, const float *q, int64_t ld_q,
+                              const float *k, int64_t ld_k, const float *v, int64_t ld_v, const float *mask, float *y);
 // The keep mask (nseq, nheads, seq, seq) of `drop` as a CPU bool tensor: for tests' references.
 at::Tensor attention_dropout_keep(int64_t nseq, int64_t nheads, int64_t seq, float p, int64_t seed, int64_t first_seq);
 // The fused kernels, numbered as ATen's SDPBackend numbers the GPU's (kCpu is ours: the CPU's flash kernel).

@@ -86,25 +86,66 @@ void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64
     dqkv.bump_version();
 }
 
+void cached_attention_forward(TileTensor &q, TileTensor &k, TileTensor *v, TileTensor &mask, TileTensor &y,
+                              int64_t q_len, int64_t kv_len, int64_t nheads, int64_t kv_heads, int64_t hd,
+                              int64_t q_col, int64_t k_col, int64_t v_col, float scale, bool bf16) {
+    const char *op = "cached_attention";
+    TileTensor &vt = v ? *v : k;
+    for (auto *t : {&q, &k, &vt, &mask, &y})
+        NNTILE_CHECK(t->dtype() == DType::f32 && t->ndim() == 2 && t->grid()[1] == 1,
+                     op << ": q, k, v, the mask and the output must be float32 matrices in tiles of whole rows");
+    NNTILE_CHECK(q_len > 0 && kv_len > 0 && hd > 0 && nheads > 0 && kv_heads > 0 && nheads % kv_heads == 0,
+                 op << ": q_len " << q_len << ", kv_len " << kv_len << ", head size " << hd << ", heads " << nheads
+                    << "/" << kv_heads << " (query heads a multiple of key/value heads)");
+    NNTILE_CHECK(q.shape()[0] % q_len == 0 && q.tile_shape()[0] % q_len == 0,
+                 op << ": q's rows (" << q.shape()[0] << ") and row tiles (" << q.tile_shape()[0]
+                    << ") must hold whole sequences of " << q_len << " queries");
+    const int64_t nseq = q.shape()[0] / q_len, per_tile = q.tile_shape()[0] / q_len;
+    for (auto *t : {&k, &vt})
+        NNTILE_CHECK(t->shape()[0] == nseq * kv_len && t->tile_shape()[0] == per_tile * kv_len,
+                     op << ": k and v must hold " << nseq << " sequences of " << kv_len << " rows in tiles of "
+                        << per_tile << " sequences, as q's (got " << c10::IntArrayRef(t->shape()) << " in tiles "
+                        << c10::IntArrayRef(t->tile_shape()) << ")");
+    NNTILE_CHECK(q_col >= 0 && q_col + nheads * hd <= q.shape()[1] && k_col >= 0 &&
+                     k_col + kv_heads * hd <= k.shape()[1] && v_col >= 0 && v_col + kv_heads * hd <= vt.shape()[1],
+                 op << ": heads past the end of a row (q from column " << q_col << " of " << q.shape()[1] << ", k from "
+                    << k_col << " of " << k.shape()[1] << ", v from " << v_col << " of " << vt.shape()[1] << ")");
+    NNTILE_CHECK(mask.shape()[0] == q.shape()[0] && mask.shape()[1] == kv_len &&
+                     mask.tile_shape()[0] == q.tile_shape()[0],
+                 op << ": the mask must be (" << q.shape()[0] << ", " << kv_len << ") tiled by q's rows");
+    NNTILE_CHECK(y.shape()[0] == q.shape()[0] && y.shape()[1] == nheads * hd && y.tile_shape()[0] == q.tile_shape()[0],
+                 op << ": the output must be (" << q.shape()[0] << ", " << nheads * hd << ") tiled by q's rows");
+    for (int64_t i = 0; i < q.grid()[0]; ++i) {
+        OnWorker on(placement_worker(i));
+        codelets::submit_cached_attention_forward(q.tile_extent(0, i) / q_len, q_len, kv_len, nheads, kv_heads, hd,
+                                                  q_col, k_col, v_col, scale, bf16, q.handle(i), k.handle(i),
+                                                  v ? v->handle(i) : nullptr, mask.handle(i), y.handle(i));
+    }
+    y.bump_version();
+}
+
 void gqa_attention_forward(TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &y, int64_t seq, int64_t nheads,
-                           int64_t kv_heads, float scale, bool bf16, TileTensor *mask) {
+                           int64_t kv_heads, float scale, bool bf16, TileTensor *mask, float dropout_p, int64_t seed) {
     check_gqa(q, k, v, y, seq, nheads, kv_heads, "gqa_attention");
     check_mask(q, mask, seq, "gqa_attention");
+    check_dropout(dropout_p, "gqa_attention");
     const int64_t hd = q.shape()[1] / nheads;
     for (int64_t i = 0; i < q.grid()[0]; ++i) {
         OnWorker on(placement_worker(i));
         codelets::submit_gqa_attention_forward(q.tile_extent(0, i) / seq, seq, nheads, kv_heads, hd, scale, bf16,
                                                q.handle(i), k.handle(i), v.handle(i),
-                                               mask ? mask->handle(i) : nullptr, y.handle(i));
+                                               mask ? mask->handle(i) : nullptr, y.handle(i), dropout_p, seed,
+                                               i * q.tile_shape()[0] / seq);
     }
     y.bump_version();
 }
 
 void gqa_attention_backward(TileTensor &dy, TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &dq,
                             TileTensor &dk, TileTensor &dv, int64_t seq, int64_t nheads, int64_t kv_heads, float scale,
-                            bool bf16, TileTensor *mask) {
+                            bool bf16, TileTensor *mask, float dropout_p, int64_t seed) {
     check_gqa(q, k, v, dy, seq, nheads, kv_heads, "gqa_attention_backward");
     check_mask(q, mask, seq, "gqa_attention_backward");
+    check_dropout(dropout_p, "gqa_attention_backward");
     NNTILE_CHECK(dq.same_tiling(q) && dk.same_tiling(k) && dv.same_tiling(v),
                  "gqa_attention_backward: dq, dk, dv must be tiled like q, k, v");
     const int64_t hd = q.shape()[1] / nheads;
@@ -113,7 +154,7 @@ void gqa_attention_backward(TileTensor &dy, TileTensor &q, TileTensor &k, TileTe
         codelets::submit_gqa_attention_backward(q.tile_extent(0, i) / seq, seq, nheads, kv_heads, hd, scale, bf16,
                                                 dy.handle(i), q.handle(i), k.handle(i), v.handle(i),
                                                 mask ? mask->handle(i) : nullptr, dq.handle(i), dk.handle(i),
-                                                dv.handle(i));
+                                                dv.handle(i), dropout_p, seed, i * q.tile_shape()[0] / seq);
     }
     dq.bump_version();
     dk.bump_version();

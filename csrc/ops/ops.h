@@ -70,13 +70,22 @@ void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64
                         bool bf16, TileTensor *mask = nullptr, float dropout_p = 0.0f, int64_t seed = 0);
 // Grouped-query causal attention (Llama, Mistral, Qwen2): q (M, nheads x hd), k and v (M, kv_heads x hd), each in
 // tiles of whole rows with the same row tiles holding whole sequences of `seq` -> y (M, nheads x hd) tiled by those
-// rows; query head h reads k/v head h / (nheads / kv_heads). mask, bf16: as attention_forward's (no dropout).
+// rows; query head h reads k/v head h / (nheads / kv_heads). mask, bf16, dropout_p, seed: as attention_forward's.
 // Backward: dq, dk, dv tiled like q, k, v.
 void gqa_attention_forward(TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &y, int64_t seq, int64_t nheads,
-                           int64_t kv_heads, float scale, bool bf16, TileTensor *mask);
+                           int64_t kv_heads, float scale, bool bf16, TileTensor *mask, float dropout_p = 0.0f,
+                           int64_t seed = 0);
 void gqa_attention_backward(TileTensor &dy, TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &dq,
                             TileTensor &dk, TileTensor &dv, int64_t seq, int64_t nheads, int64_t kv_heads, float scale,
-                            bool bf16, TileTensor *mask);
+                            bool bf16, TileTensor *mask, float dropout_p = 0.0f, int64_t seed = 0);
+// Generation's attention of q_len new queries per sequence over kv_len cached keys, forward only (no gradient):
+// q (S * q_len, Wq), k (S * kv_len, Wk), v (S * kv_len, Wv) or nullptr (v's heads then in k's rows: GPT-2's packed
+// qkv), each in tiles of whole rows, tile i of each holding the same whole sequences; their heads start at columns
+// q_col, k_col, v_col (nheads of hd in q, kv_heads in k and v). mask (S * q_len, kv_len): additive float, tiled by
+// q's rows (causality is the mask's). y (S * q_len, nheads * hd) tiled by q's rows.
+void cached_attention_forward(TileTensor &q, TileTensor &k, TileTensor *v, TileTensor &mask, TileTensor &y,
+                              int64_t q_len, int64_t kv_len, int64_t nheads, int64_t kv_heads, int64_t hd,
+                              int64_t q_col, int64_t k_col, int64_t v_col, float scale, bool bf16);
 // A task per tile of the integer tensor ids that records an error (raised at the host's next wait, e.g.
 // loss.item()) when a value lies outside [lo, hi) and is not `ignore`: index checks without a host read.
 void index_check(TileTensor &ids, int64_t lo, int64_t hi, int64_t ignore, const std::string &what);

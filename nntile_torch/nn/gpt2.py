@@ -145,15 +145,12 @@ def _cached_forward(self, hidden_states, attention_mask, layer):
     row_tile = kv_cache.rows_tile(b, total, self.c_attn.batch_tile_size)
     qkv_all = TileTensor(kv_cache.grown(qkv.tiles, None if old is None else old.tiles, b, past, tn, row_tile,
                                         "kv_cache.qkv"), (b, total, c3), qkv.device)
-    mask = None
-    if attention_mask is not None:
-        square = kv_cache.square_mask(attention_mask, total)
-        mask = None if square is None else attention_mask_tiles(square, b, total, row_tile, qkv.device)
-        if mask is None:
-            return "key/value cache with an attention mask that differs per head"
     bf16 = self.c_attn.precision == "bf16"
-    y = CausalAttentionFunction.apply(qkv_all, self.num_heads, float(self.scaling), bf16, mask, 0.0, 0)  # (B, T, C)
-    y = kv_cache.new_positions(y, b, past, tn, self.c_proj.batch_tile_size)
+    y = kv_cache.attend(qkv.tiles, 0, qkv_all.tiles, c, None, 2 * c, attention_mask, b, tn, total, self.num_heads,
+                        self.num_heads, self.head_dim, float(self.scaling), bf16, qkv.device,
+                        self.c_proj.batch_tile_size)
+    if isinstance(y, str):
+        return y
     k, v = (z.reshape(b, total, self.num_heads, self.head_dim).transpose(1, 2) for z in qkv_all.split(c, dim=2)[1:])
     kv_cache.store(layer, qkv_all, k, v)
     return self.resid_dropout(self.c_proj(y)), None

@@ -5,16 +5,15 @@ Here the attention keeps instead, on the layer, the tiles its attention kernel r
 position so far; Llama: k and v after the rotary embedding) in tiles of whole sequences, and sets the layer's keys
 and values to views of them, so that the cache's length (get_seq_length), the masks Hugging Face builds from it, and
 any torch code reading them (materialized) work unchanged. A step's new rows join the old ones by row gather tasks
-(each gathered into the grown tiling, zeros elsewhere, then summed: no wait), and causal attention runs over the
-whole grown sequence, because the attention kernels take queries and keys of one length; the new positions' output
-rows are then gathered for the output projection. So the projections, the MLP and the norms run on the new
-positions only, as with Hugging Face's cache, while attention is recomputed for every position (T^2 instead of T
-per step; a kernel with fewer queries than keys would remove that)."""
+(each gathered into the grown tiling, zeros elsewhere, then summed: no wait). The new positions' queries attend over
+the grown keys with the cached attention kernel (_C.cached_attention_forward: q_len queries over kv_len keys per
+sequence, Hugging Face's mask rows for the new queries, or causal ones), so each step's attention costs T per new
+position, as Hugging Face's cache does, and the projections, the MLP and the norms run on the new positions only."""
 import torch
 
 from .. import _C
 from ..functional import gather_rows
-from ..tensor import TileTensor
+from ..tensor import TileTensor, new_tiles
 
 
 def cache_uncovered(module, cache):
@@ -67,34 +66,53 @@ def grown(new, old, b, past, tn, row_tile, name):
     return out
 
 
-def new_positions(y, b, past, tn, row_tile):
-    """The rows of the tn new positions of each sequence of y (TileTensor (b, past + tn, C)), as a TileTensor
-    (b, tn, C) tiled by `row_tile` rows."""
-    total, c = past + tn, y.shape[-1]
-    rows = (torch.arange(b).reshape(b, 1) * total + past + torch.arange(tn)).reshape(-1)
-    return TileTensor(gather_rows(y.tiles, rows, row_tile, name="kv_cache.y"), (b, tn, c), y.device)
+def attend(q, q_col, k, k_col, v, v_col, attention_mask, b, tn, total, nheads, kv_heads, hd, scale, bf16, device,
+           out_tile):
+    """The tn new queries of each sequence (C++ tiles q (b * tn, .), heads from column q_col) over its `total` keys (C++
+    tiles k, v (b * total, .) tiled by rows_tile, heads from k_col, v_col; v None: in k's rows), under Hugging Face's
+    attention_mask for the new queries (or causal without one) -> TileTensor (b, tn, nheads x hd) tiled by out_tile
+    rows; or why not (a string: the caller falls back)."""
+    per_tile = k.tile_shape[0] // total  # sequences per tile of the cache
+    rows = per_tile * tn
+    mask = query_mask(attention_mask, b, tn, total, rows, device)
+    if mask is None:
+        return "key/value cache with an attention mask that differs per head"
+    if q.tile_shape[0] != rows:  # the queries in the cache's sequences per tile
+        q = gather_rows(q, torch.arange(b * tn), rows, name="kv_cache.q")
+    y = new_tiles([b * tn, nheads * hd], [rows, nheads * hd], name="kv_cache.attention")
+    _C.cached_attention_forward(q, k, v, mask, y, tn, total, nheads, kv_heads, hd, q_col, k_col, v_col, scale, bf16)
+    if rows != min(out_tile, b * tn):
+        y = gather_rows(y, torch.arange(b * tn), out_tile, name="kv_cache.y")
+    return TileTensor(y, (b, tn, nheads * hd), device)
 
 
-_square_cache = [None]  # (Hugging Face's mask, its version, the square mask): one mask for all layers of a step
+_mask_cache = [None]  # (Hugging Face's mask or None, its version, the geometry, the tiles): one mask per step
 
 
-def square_mask(mask, total):
-    """Hugging Face's mask for the new queries, (B, 1, Tn, T) (or one broadcasting to it), as the (B, 1, T, T) mask of
-    every query of the grown sequence: causal rows above the new ones (their outputs are not used; causal so that no
-    row is empty), Hugging Face's own rows for the new ones. None when it is not of that form."""
-    cached = _square_cache[0]
-    if cached is not None and cached[0] is mask and cached[1] == mask._version and cached[2].shape[-1] == total:
-        return cached[2]
-    if mask.dim() > 4 or isinstance(mask, TileTensor):
-        return None
-    m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-    if m.shape[1] != 1 or m.shape[-1] != total or m.shape[-2] > total:
-        return None
-    tn = m.shape[-2]
-    causal = torch.ones(total - tn, total, dtype=torch.bool, device=m.device).tril_()
-    if m.dtype != torch.bool:
-        causal = torch.zeros(causal.shape, dtype=m.dtype, device=m.device).masked_fill_(
-            ~causal, torch.finfo(m.dtype).min)
-    square = torch.cat([causal.expand(m.shape[0], 1, total - tn, total), m], dim=2)
-    _square_cache[0] = (mask, mask._version, square)
-    return square
+def query_mask(mask, b, tn, total, row_tile, device):
+    """C++ tiles (b * tn, total) of the additive float mask of each sequence's tn new queries against its total keys,
+    tiled by row_tile rows: Hugging Face's mask for the new queries (broadcasting to (b, 1, tn, total): boolean, True
+    to attend, or float, added to the scores), or without one causal (new query i sees the keys up to total - tn + i).
+    None for a mask that differs per head. Every layer of a step gets the same mask: converted once."""
+    geometry = (b, tn, total, row_tile)
+    cached = _mask_cache[0]
+    if cached is not None and cached[0] is mask and cached[2] == geometry \
+            and (mask is None or cached[1] == mask._version):
+        return cached[3]
+    if mask is None:
+        keep = torch.ones(tn, total, dtype=torch.bool).tril_(total - tn)
+        dense = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf")).expand(b, 1, tn, total)
+    else:
+        if mask.dim() > 4 or isinstance(mask, TileTensor) or mask.requires_grad:
+            return None
+        m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        if m.shape[1] != 1 or any(n not in (1, want) for n, want in zip(m.shape, (b, 1, tn, total))):
+            return None
+        if m.dtype == torch.bool:
+            dense = torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill_(~m, float("-inf"))
+        else:
+            dense = m.to(torch.float32)
+    tiles = new_tiles([b * tn, total], [row_tile, total], name="kv_cache.mask")
+    tiles.from_dense(dense.expand(b, 1, tn, total).reshape(b * tn, total).to(device))
+    _mask_cache[0] = (mask, None if mask is None else mask._version, geometry, tiles)
+    return tiles

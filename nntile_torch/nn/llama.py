@@ -6,9 +6,10 @@ memory plan (nntile_torch/costs.py).
   them; copied into tiles once per forward), grouped-query causal attention (k/v heads repeated inside the task),
   the o projection: no dense step. Recognized by structure and a probe of what it computes, not by class names.
   Generation's key/value cache (Hugging Face's DynamicCache) is kept in tiles: k and v after the rotary embedding,
-  grown by row gather tasks (kv_cache.py). Other caches (sliding windows, a cache holding dense tensors), returned
-  attention weights, attention dropout in training, other attention implementations than sdpa and eager, masks per
-  head, and tilings whose tiles do not hold whole rows and sequences run as torch code (recorded: convert_report;
+  grown by row gather tasks (kv_cache.py). Attention dropout in training (attention_dropout > 0) runs inside the
+  attention task, its keep mask nntile's hash of the global positions, as GPT-2's. Other caches (sliding windows, a
+  cache holding dense tensors, a cache in training with attention dropout), returned attention weights, other
+  attention implementations than sdpa and eager, masks per head, and tilings whose tiles do not hold whole rows and sequences run as torch code (recorded: convert_report;
   strict mode raises).
 - The gated MLP: its forward becomes down(silu_mul(gate(x), up(x))), the elementwise step one task per tile.
 Their linear layers (q, k, v, o, gate, up, down, the untied head) and RMSNorms describe themselves to the plan; what
@@ -22,7 +23,7 @@ import torch
 
 from .. import config
 from ..costs import Costs, register_form, residual_block
-from ..functional import attention_mask_tiles
+from ..functional import attention_mask_tiles, dropout_seed
 from ..functional_llama import GQAttentionFunction, RopeFunction, SiluMulFunction, rope_tiles
 from ..report import note_dense
 from ..tensor import TileTensor, plain, without_torch_function
@@ -217,8 +218,8 @@ def _uncovered(self, hidden_states, position_embeddings, attention_mask, past_ke
         return "output_attentions=True"
     if not isinstance(position_embeddings, (tuple, list)) or len(position_embeddings) != 2:
         return "no position_embeddings (cos, sin) given"
-    if self.training and float(getattr(self, "attention_dropout", 0.0) or 0.0) > 0.0:
-        return "attention dropout"
+    if past_key_values is not None and _dropout_p(self) > 0.0:
+        return "key/value cache with attention dropout in training"
     impl = getattr(getattr(self, "config", None), "_attn_implementation", None) or "sdpa"
     if impl not in ("sdpa", "eager"):
         return f"attn_implementation {impl!r}"
@@ -250,6 +251,11 @@ def _attention_forward(self, original, hidden_states, position_embeddings=None, 
                     past_key_values=past_key_values, **kwargs)
 
 
+def _dropout_p(self):
+    """The attention dropout this call applies: the module's attention_dropout in training, else 0."""
+    return float(getattr(self, "attention_dropout", 0.0) or 0.0) if self.training else 0.0
+
+
 def _whole_rows(z, seq, row_tile):
     return plain(z) and z.dim() == 3 and len(z.tiles.shape) == 2 and z.tiles.grid[1] == 1 \
         and z.tiles.tile_shape[0] == row_tile and row_tile % seq == 0
@@ -279,7 +285,9 @@ def _covered_forward(self, hidden_states, position_embeddings, attention_mask):
                 why = "attention mask that differs per head"
     if why is None:
         q, k = RopeFunction.apply(q, *angles, hd), RopeFunction.apply(k, *angles, hd)
-        y = GQAttentionFunction.apply(q, k, v, heads, kv_heads, float(self.scaling), bf16, mask)
+        p = _dropout_p(self)
+        y = GQAttentionFunction.apply(q, k, v, heads, kv_heads, float(self.scaling), bf16, mask, p,
+                                      dropout_seed() if p > 0.0 else 0)
         return self.o_proj(y)
     # torch's attention on the dense values: correct, with host waits
     note_dense("attention", why)
@@ -288,10 +296,12 @@ def _covered_forward(self, hidden_states, position_embeddings, attention_mask):
     cos_, sin_ = cos.unsqueeze(1), sin.unsqueeze(1)
     qh, kh = (z * cos_ + torch.cat((-z[..., half:], z[..., :half]), dim=-1) * sin_ for z in (qh, kh))
     kh, vh = (z.repeat_interleave(heads // kv_heads, dim=1) for z in (kh, vh))
+    p = _dropout_p(self)
     if attention_mask is None:
-        y = F.scaled_dot_product_attention(qh, kh, vh, is_causal=t > 1, scale=float(self.scaling))
+        y = F.scaled_dot_product_attention(qh, kh, vh, is_causal=t > 1, scale=float(self.scaling), dropout_p=p)
     else:
-        y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attention_mask, scale=float(self.scaling))
+        y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=attention_mask, scale=float(self.scaling),
+                                           dropout_p=p)
     return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -299,8 +309,8 @@ def _covered_forward(self, hidden_states, position_embeddings, attention_mask):
 def _cached_forward(self, hidden_states, position_embeddings, attention_mask, layer):
     """Attention of the new positions hidden_states (B, Tn, hidden) over the cached ones and themselves; the cache
     layer holds k and v after the rotary embedding, (B, T, kv_heads x hd) each, for every position so far
-    (kv_cache.py). The queries of the earlier positions are zeros (their outputs are not used). Returns the output,
-    or why it cannot (a string: the caller falls back)."""
+    (kv_cache.py); the new queries attend over them with the cached attention kernel. Returns the output, or why it
+    cannot (a string: the caller falls back)."""
     q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)  # (B, Tn, H x hd)
     b, tn = q.shape[0], q.shape[1]
     hd, heads = self.head_dim, q.shape[-1] // self.head_dim
@@ -318,21 +328,15 @@ def _cached_forward(self, hidden_states, position_embeddings, attention_mask, la
     past = 0 if old is None else old[0].shape[1]
     total = past + tn
     tile = kv_cache.rows_tile(b, total, getattr(self.q_proj, "batch_tile_size", None) or config.DEFAULT_BATCH_TILE_SIZE)
-    q_all = kv_cache.grown(q.tiles, None, b, past, tn, tile, "kv_cache.q")  # zeros above the new queries
     old_k, old_v = (None, None) if old is None else (old[0].tiles, old[1].tiles)
     k_all, v_all = (TileTensor(kv_cache.grown(z.tiles, o, b, past, tn, tile, f"kv_cache.{n}"), (b, total, z.shape[-1]),
                                z.device) for z, o, n in ((k, old_k, "k"), (v, old_v, "v")))
-    mask = None
-    if attention_mask is not None:
-        square = kv_cache.square_mask(attention_mask, total)
-        mask = None if square is None else attention_mask_tiles(square, b, total, tile, q.device)
-        if mask is None:
-            return "key/value cache with an attention mask that differs per head"
     bf16 = getattr(self.q_proj, "precision", "fp32") == "bf16"
-    y = GQAttentionFunction.apply(TileTensor(q_all, (b, total, q.shape[-1]), q.device), k_all, v_all, heads, kv_heads,
-                                  float(self.scaling), bf16, mask)
-    y = kv_cache.new_positions(y, b, past, tn, getattr(self.o_proj, "batch_tile_size", None)
-                               or config.DEFAULT_BATCH_TILE_SIZE)
+    y = kv_cache.attend(q.tiles, 0, k_all.tiles, 0, v_all.tiles, 0, attention_mask, b, tn, total, heads, kv_heads, hd,
+                        float(self.scaling), bf16, q.device,
+                        getattr(self.o_proj, "batch_tile_size", None) or config.DEFAULT_BATCH_TILE_SIZE)
+    if isinstance(y, str):
+        return y
     keys, values = (z.reshape(b, total, kv_heads, hd).transpose(1, 2) for z in (k_all, v_all))
     kv_cache.store(layer, (k_all, v_all), keys, values)
     return self.o_proj(y)
