@@ -219,14 +219,14 @@ patch("src/drivers/cuda/driver_cuda.c", [
      "\t{\n\t\tnntile_cuda_pool_free(devid, addr); /* nntile_torch */\n\t\treturn;\n\t}\n"
      "\terr = cudaFree((void*)addr);\n"),
 ])
-# 6. The marker: in memalloc.c, beside the eviction settings (compiled in every build). Named starpu_* so that it is
-# exported like StarPU's own API.
-marker_before = "/* nntile_torch: eviction settings (scripts/patch_starpu.py) */\n"
+# 6. The marker: in memalloc.c, before the eviction settings (compiled in every build). Named starpu_* so that it is
+# exported like StarPU's own API. Before them, not between their line and their first: 3.'s text stays whole, so a
+# second run of this script finds it applied (placed between, 3. was applied twice and memalloc.c did not compile).
 patch("src/datawizard/memalloc.c", [(
-    marker_before,
+    settings_after,
     "/* nntile_torch: the level of scripts/patch_starpu.py this StarPU was built with (read by nntile_torch) */\n"
     "int starpu_nntile_patch_level(void);\n"
-    f"int starpu_nntile_patch_level(void) {{ return {PATCH_LEVEL}; }}\n" + marker_before,
+    f"int starpu_nntile_patch_level(void) {{ return {PATCH_LEVEL}; }}\n" + settings_after,
 )])
 bus = root / "src/core/perfmodel/perfmodel_bus.c"
 reset = "#if CUDART_VERSION >= 4000\n\tcudaDeviceReset();\n#else\n\tcudaThreadExit();\n#endif\n"
