@@ -37,11 +37,23 @@
    model, and the whole process died ("Assertion `0 && \"measured >= 0\"' failed" on a CUDA worker, seen on the H200
    after about 130 GPU tests in one process: each new tile shape is calibrated, so the more shapes, the likelier).
    That sample is dropped from the model and the profile instead.
+8. starpu_data_wont_use() on a home-less tile no longer queues a write of it to every disk node (user_interactions.c,
+   "Try to push it to some disk": an idle prefetch). Such a request holds a reference on the tile's host buffer, so
+   host RAM cannot evict it, and on a disk buffer, allocated and not valid until the write; and a node runs its idle
+   requests only while no other request of it is pending. Once one fetch from the disk waits for host memory, the
+   host buffers of every tile marked won't-use (AdamW's moments and updated weights, each step; the plan's streamed
+   blocks) stay pinned behind it, the fetch never gets its memory, and the training stops with the disk full of
+   those requests' buffers (the stall report's "stale": allocated, no valid copy). Seen on CPUs with a 24 MiB host
+   limit and an 18 MiB disk node (tests/test_runtime.py, the stale disk training): stopped within 5 s in three runs
+   of three, with the stale disk buffers held by such requests (89 of 89 and 55 of 56 in the two runs counted);
+   without the won't-use hints (NNTILE_EVICT_WONT_USE_FIRST=0), or with this patch, six steps in 1-2 s. The tile is still put first in its node's eviction order (3., NNTILE_EVICT_WONT_USE_FIRST), so it
+   is written to a disk when host memory is needed, by an eviction that waits for its own write. Not behind a
+   switch: a deadlock is no trade-off. Where 1.4.10's file differs, nothing is changed there.
 Idempotent: an already patched tree is left as it is."""
 import pathlib
 import sys
 
-PATCH_LEVEL = 2  # what starpu_nntile_patch_level() returns (6. above); 2: with 7.
+PATCH_LEVEL = 3  # what starpu_nntile_patch_level() returns (6. above); 2: with 7.; 3: with 8.
 root = pathlib.Path(sys.argv[1])
 # "1.3" or "1.4": where the two differ, memalloc.c's per-node lists moved into struct _starpu_node (1.4)
 series = next(line.split("=", 1)[1].strip() for line in (root / "STARPU-VERSION").read_text().splitlines()
@@ -219,14 +231,14 @@ patch("src/drivers/cuda/driver_cuda.c", [
      "\t{\n\t\tnntile_cuda_pool_free(devid, addr); /* nntile_torch */\n\t\treturn;\n\t}\n"
      "\terr = cudaFree((void*)addr);\n"),
 ])
-# 6. The marker: in memalloc.c, beside the eviction settings (compiled in every build). Named starpu_* so that it is
-# exported like StarPU's own API.
-marker_before = "/* nntile_torch: eviction settings (scripts/patch_starpu.py) */\n"
+# 6. The marker: in memalloc.c, before the eviction settings (compiled in every build). Named starpu_* so that it is
+# exported like StarPU's own API. Before them, not between their line and their first: 3.'s text stays whole, so a
+# second run of this script finds it applied (placed between, 3. was applied twice and memalloc.c did not compile).
 patch("src/datawizard/memalloc.c", [(
-    marker_before,
+    settings_after,
     "/* nntile_torch: the level of scripts/patch_starpu.py this StarPU was built with (read by nntile_torch) */\n"
     "int starpu_nntile_patch_level(void);\n"
-    f"int starpu_nntile_patch_level(void) {{ return {PATCH_LEVEL}; }}\n" + marker_before,
+    f"int starpu_nntile_patch_level(void) {{ return {PATCH_LEVEL}; }}\n" + settings_after,
 )])
 bus = root / "src/core/perfmodel/perfmodel_bus.c"
 reset = "#if CUDART_VERSION >= 4000\n\tcudaDeviceReset();\n#else\n\tcudaThreadExit();\n#endif\n"
@@ -243,5 +255,15 @@ if negative in common.read_text():
         "\t\t\t/* nntile_torch: a CUDA worker running tasks asynchronously can pair one task's end with a later\n"
         "\t\t\t * task's start: not a measurement, so neither the model nor the profile takes it */\n"
         "\t\t\tcalibrate_model = 0;\n\t\t\tprofiling = 0;\n\t\t}\n")])
+# 8. no idle write to the disks from starpu_data_wont_use (wherever the block is as in 1.3.10).
+interactions = root / "src/datawizard/user_interactions.c"
+to_disks = "\t\tif (handle->ooc)\n\t\t{\n\t\t\t/* Try to push it to some disk */\n"
+if to_disks in interactions.read_text():
+    patch("src/datawizard/user_interactions.c", [(
+        to_disks,
+        "\t\t/* nntile_torch: no idle write to the disks: it pinned the tile's host buffer until every other\n"
+        "\t\t * request of the node was done, and the node could wait for that buffer (scripts/patch_starpu.py, 8.) */\n"
+        "\t\tif (0 && handle->ooc)\n\t\t{\n\t\t\t/* Try to push it to some disk */\n")])
 print(f"patched StarPU {series} sources (CUDA 13, host memory size, eviction settings, GPU buffer pool, "
-      f"no device reset, no abort on a negative task time, patch level {PATCH_LEVEL})")
+      f"no device reset, no abort on a negative task time, no idle writes to disks on won't-use, "
+      f"patch level {PATCH_LEVEL})")

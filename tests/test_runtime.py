@@ -355,6 +355,69 @@ def test_disk_node_is_emptied_when_the_process_exits_without_shutdown(tmp_path):
     assert left == [], left[:5]
 
 
+# Six AdamW steps of six 640 x 640 fp32 layers (9.4 MiB of weights, 19 of moments) on two CPU workers with host RAM
+# limited to 24 MiB and an 18 MiB disk node: the live tiles fit (about 28 MiB at once) with tiles moving to and from
+# the disk every step, and AdamW marks the moments it updates won't-use. Prints each step's loss; when no step ends
+# for STALL_S seconds, prints the memory nodes in MiB and exits with 3 (the stall report rounds to 0.1 GiB).
+_STALE_DISK_TRAINING = (
+    "import os, threading, time, torch, nntile_torch as nt\n"
+    "limited = os.environ['DISK'] != ''\n"
+    "if limited:\n"
+    "    nt.init(ncpus=2, ncuda=0, host_memory_limit='24MiB', disk_path=os.environ['DISK'], disk_limit='18MiB',\n"
+    "            scheduler='eager')\n"
+    "else:\n"
+    "    nt.init(ncpus=2, ncuda=0, scheduler='eager')\n"
+    "def nodes():\n"
+    "    return '; '.join(f\"{n['name']}: {n['used_bytes'] / 2**20:.1f} MiB used, valid {n['valid_bytes'] / 2**20:.1f}, \"\n"
+    "                     f\"stale {n['stale_bytes'] / 2**20:.1f}\" for n in nt.memory_nodes())\n"
+    "last = [time.monotonic()]\n"
+    "def guard():\n"
+    "    while time.monotonic() - last[0] < float(os.environ['STALL_S']):\n"
+    "        time.sleep(0.2)\n"
+    "    print('stalled:', nodes(), flush=True)\n"
+    "    os._exit(3)\n"
+    "threading.Thread(target=guard, daemon=True).start()\n"
+    "torch.manual_seed(0)\n"
+    "layers = [nt.nn.Linear(640, 640, tile_size=256) for _ in range(6)]\n"
+    "opt = nt.optim.AdamW([p for m in layers for p in m.parameters()], lr=1e-2)\n"
+    "x = torch.randn(48, 640)\n"
+    "disk_most = 0\n"
+    "for _ in range(6):\n"
+    "    y = x\n"
+    "    for m in layers:\n"
+    "        y = torch.tanh(m(y))\n"
+    "    loss = (y * y).mean()\n"
+    "    loss.backward(); opt.step(); opt.zero_grad()\n"
+    "    print('loss', loss.item(), flush=True)\n"
+    "    last[0] = time.monotonic()\n"
+    "    disk_most = max([disk_most] + [n['used_bytes'] for n in nt.memory_nodes() if n['name'].startswith('Disk')])\n"
+    "w = torch.cat([v.flatten() for m in layers for v in m.state_dict().values()])\n"
+    "torch.save(w, os.environ['OUTFILE'])\n"
+    "print('disk most', disk_most)\n")
+
+
+def test_training_frees_stale_disk_buffers_instead_of_stalling(tmp_path):
+    """The 45B GPT-2 stall on an H100 (disk node 44.9 of 45 GiB, 36.6 of it "stale", host RAM and GPU full) in
+    miniature. StarPU 1.3.10's starpu_data_wont_use queues a write of a home-less tile to the disk node, which pins
+    the tile's host buffer and holds a disk buffer not yet valid until the node has no other request; a fetch from
+    the disk waiting for host memory then never gets it. Unpatched (level 2) it stopped within 5 s, three runs of
+    three: disk 18.0 of 18 MiB used, 8 to 12 of it such buffers, host RAM full of sole copies. Patched StarPU (level
+    3, scripts/patch_starpu.py 8.) leaves the write to the eviction. The weights must equal a run without limits."""
+    from conftest import run_python
+    from nntile_torch import runtime
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    rc, out, err = run_python(_STALE_DISK_TRAINING, 120, dict(DISK=str(disk), OUTFILE=str(tmp_path / "w.pt"),
+                              STALL_S="10", STARPU_WATCHDOG_TIMEOUT="5000000"), what="the stale disk training")
+    assert rc == 0 and "stalled" not in out, (f"StarPU patch level {runtime.starpu_patch_level()} (3 has no idle "
+                                              f"writes to the disk on won't-use)\n{out[-1500:]}\n{err[-1000:]}")
+    assert int(out.split("disk most")[1]) > 12 * 2**20, out  # the disk was used near its limit: the case of the test
+    rc, ref_out, err = run_python(_STALE_DISK_TRAINING, 120, dict(DISK="", OUTFILE=str(tmp_path / "ref.pt"),
+                                  STALL_S="60"), what="the training without limits")
+    assert rc == 0, err[-1500:]
+    assert torch.equal(torch.load(tmp_path / "w.pt"), torch.load(tmp_path / "ref.pt"))
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or not nt._C.built_with_cuda, reason="requires CUDA")
 def test_torch_gpu_tensors_outlive_the_first_start_on_a_machine(tmp_path):
