@@ -2,7 +2,7 @@
 # Runs on the GPU machine (through the device tool): installs the StarPU prefix carried in .carry/starpu, builds
 # the extension against the machine's torch, then runs what is asked: tests, gputests, cpuadamw (the CPU AdamW
 # kernel), nodes (memory as StarPU sees it), gemm, submission, linear, ab (benchmarks), train (main job), mlp,
-# profile, multigpu, bench (the harness, plans in BENCH_ARGS).
+# profile, multigpu, bench (the harness, plans in BENCH_ARGS), generate (HF generate() tokens/s beside torch).
 # Logs go to $OUT.
 #   bash dev/gpu_machine/h200.sh tests gemm
 # STARPU_VERSION=1.4 runs the same steps on StarPU 1.4.10 (carried in .carry/starpu14) instead of 1.3.10: logs
@@ -117,6 +117,11 @@ for step in "$@"; do
         echo "rc=$?" >>"$OUT/profile.log"
         grep -E "^step|^profiled|^\{" "$OUT/profile.log" | tail -8
       done; rc=0 ;;
+    generate)  # Hugging Face generate() tokens/s beside torch (benchmarks/generate.py); GENERATE_ARGS: its arguments
+      # shellcheck disable=SC2086  # a list of arguments
+      python3 -m benchmarks.generate ${GENERATE_ARGS:---config xl --batch 8 --prompt 128 --new 64 --precision bf16} \
+        --json "$OUT/generate.json" 2>&1 | grep -v "^\[starpu\]" | tee "$OUT/generate.log" | tail -4
+      rc=${PIPESTATUS[0]} ;;
     nodes)  # memory as the OS, the NUMA nodes (what hwloc reads) and StarPU's memory nodes see it
       { free -b | head -2; grep -h MemTotal /sys/devices/system/node/node*/meminfo
         python3 -c "import nntile_torch as nt; nt.init(); [print(n) for n in nt.info()['memory_nodes']]"
