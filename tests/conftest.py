@@ -1,5 +1,6 @@
 """Shared fixtures: devices (CUDA ones marked and skipped without a GPU) and the error-ratio check."""
 import os
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -40,7 +41,7 @@ def assert_close_as_torch(ours, torch_same_precision, ref64, factor=2.0, what=""
 
 # Four AdamW steps of six 640 x 640 layers (alternately fp32 and bf16) with host RAM limited to 24 MiB and a disk
 # node (ON_GPU=1: a GPU limited to 24 MiB), so StarPU really evicts tiles; prints how many files the disk node held
-# at most, and nntile's homed bytes.
+# at most, nntile's homed bytes, and each step's loss (exact, in hex: the loss is a dense tensor, no wait).
 _EVICTION_TRAINING = (
     "import os, torch, nntile_torch as nt\n"
     "d = os.environ['DISK']\n"
@@ -55,17 +56,22 @@ _EVICTION_TRAINING = (
     "          for i in range(6)]\n"
     "opt = nt.optim.AdamW([p for m in layers for p in m.parameters()], lr=1e-2)\n"
     "x = torch.randn(48, 640).to(dev)\n"
-    "spilled = 0\n"
+    "spilled, losses = 0, []\n"
     "for _ in range(4):\n"
     "    y = x\n"
     "    for m in layers:\n"
     "        y = torch.tanh(m(y))\n"
     "    loss = (y * y).mean()\n"
+    "    losses.append(loss.item())\n"
     "    loss.backward(); opt.step(); opt.zero_grad()\n"
     "    spilled = max(spilled, sum(len(f) for _, _, f in os.walk(d)))\n"
     "w = torch.cat([v.flatten().cpu() for m in layers for v in m.state_dict().values()])\n"
     "torch.save(w, os.environ['OUTFILE'])\n"
-    "print('homed', nt._C.host_homed_bytes(), 'spilled', spilled)\n")
+    "print('homed', nt._C.host_homed_bytes(), 'spilled', spilled)\n"
+    "print('losses', *[v.hex() for v in losses])\n")
+# The order of the parameters in the weights the script saves: per layer, weight (640 x 640) then bias (640).
+_EVICTION_PARAMS = [(f"layers[{i}].{name}", n) for i in range(6) for name, n in (("weight", 640 * 640),
+                                                                                     ("bias", 640))]
 
 
 def run_python(code, timeout, env=None, what="the script"):
@@ -101,10 +107,17 @@ def run_python(code, timeout, env=None, what="the script"):
         return p.returncode, out.read(), err.read()
 
 
+class EvictionRun(NamedTuple):
+    weights: torch.Tensor  # every parameter after the last step, flattened in _EVICTION_PARAMS' order
+    spilled: int  # the most files the disk node held
+    homed: int  # nntile's homed bytes
+    losses: list  # each step's loss
+
+
 def train_under_eviction(tmp_path, tag, timeout=300, **env):
     """Runs _EVICTION_TRAINING in its own process (StarPU reads NNTILE_* settings once) with `env` added; returns
-    the final weights and parameters, the disk node's most files and the homed bytes. A run past `timeout`
-    seconds fails the test (a hang reported as such, not as the whole session's timeout; run_python)."""
+    an EvictionRun. A run past `timeout` seconds fails the test (a hang reported as such, not as the whole session's
+    timeout; run_python)."""
     disk = tmp_path / f"disk_{tag}"
     disk.mkdir()
     out = tmp_path / f"w_{tag}.pt"
@@ -112,4 +125,27 @@ def train_under_eviction(tmp_path, tag, timeout=300, **env):
                                     what=f"the eviction training ({env})")
     assert rc == 0, stderr[-3000:]
     words = stdout.split()
-    return torch.load(out), int(words[words.index("spilled") + 1]), int(words[words.index("homed") + 1])
+    losses = [float.fromhex(v) for v in stdout.split("losses", 1)[1].splitlines()[0].split()]
+    return EvictionRun(torch.load(out), int(words[words.index("spilled") + 1]), int(words[words.index("homed") + 1]),
+                       losses)
+
+
+def assert_same_training(a, b, what=""):
+    """Two EvictionRuns gave finite weights, the same bit for bit. If not, the message says from which step on the
+    losses differ (a step's loss comes before its update) and which parameters differ, by how much: the evidence
+    the rare inequality under eviction (issue 35) has to leave behind."""
+    assert torch.isfinite(a.weights).all(), f"{what}: non-finite weights"
+    if torch.equal(a.weights, b.weights):
+        return
+    steps = [s for s, (x, y) in enumerate(zip(a.losses, b.losses)) if x != y]
+    lines = [f"{what}: the weights differ; losses {a.losses} against {b.losses}: "
+             + (f"first different at step {steps[0]} (its forward, or an update before it)" if steps
+                else "equal at every step (the difference arose in the last update)")]
+    start = 0
+    for name, n in _EVICTION_PARAMS:
+        x, y = a.weights[start:start + n], b.weights[start:start + n]
+        start += n
+        if not torch.equal(x, y):
+            lines.append(f"  {name}: {int((x != y).sum())} of {n} values differ, by at most "
+                         f"{(x - y).abs().max().item():.3e} (the first at flat index {int((x != y).nonzero()[0])})")
+    raise AssertionError("\n".join(lines))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import nntile_torch as nt
-from conftest import max_err, train_under_eviction
+from conftest import assert_same_training, max_err, train_under_eviction
 
 
 def norm_err(a, ref):
@@ -432,10 +432,10 @@ def test_moments_marked_for_eviction_first_give_the_same_training(tmp_path):
     reordering runs on it); each setting runs in its own process (StarPU reads it once)."""
     outs = []
     for flag in ("0", "1"):
-        w, spilled, _ = train_under_eviction(tmp_path, flag, NNTILE_EVICT_WONT_USE_FIRST=flag)
-        assert spilled > 0  # tiles went to disk: eviction really ran
-        outs.append(w)
-    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
+        run = train_under_eviction(tmp_path, flag, NNTILE_EVICT_WONT_USE_FIRST=flag)
+        assert run.spilled > 0  # tiles went to disk: eviction really ran
+        outs.append(run)
+    assert_same_training(outs[0], outs[1], "NNTILE_EVICT_WONT_USE_FIRST=0 against 1")
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["state=fp32", "state=bf16"])

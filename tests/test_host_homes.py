@@ -7,7 +7,7 @@ import torch
 
 import nntile_torch as nt
 from nntile_torch import _C
-from conftest import train_under_eviction
+from conftest import assert_same_training, train_under_eviction
 
 
 def restart():
@@ -94,11 +94,11 @@ def test_training_under_eviction_is_the_same_with_homes(tmp_path):
     bit. Each setting in its own process (a fresh StarPU)."""
     outs = []
     for homes in ("0", "12MiB"):
-        w, spilled, homed = train_under_eviction(tmp_path, homes, NNTILE_HOST_HOMES=homes)
-        assert spilled > 0  # tiles went to disk: eviction really ran
-        assert (homed > 9 * 2**20) == (homes != "0") and homed <= 12 * 2**20, homed
-        outs.append(w)
-    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
+        run = train_under_eviction(tmp_path, homes, NNTILE_HOST_HOMES=homes)
+        assert run.spilled > 0  # tiles went to disk: eviction really ran
+        assert (run.homed > 9 * 2**20) == (homes != "0") and run.homed <= 12 * 2**20, run.homed
+        outs.append(run)
+    assert_same_training(outs[0], outs[1], "without homes against with 12 MiB of homes")
 
 
 @pytest.mark.cuda
@@ -113,8 +113,8 @@ def test_training_with_a_full_gpu_is_the_same_with_homes(tmp_path):
     outs = []
     for homes in ("0", "1"):
         # a wait past 20 s prints the memory nodes into the output that a timeout's failure message shows
-        w, _, homed = train_under_eviction(tmp_path, homes, timeout=60, NNTILE_HOST_HOMES=homes, ON_GPU="1",
-                                           STARPU_WATCHDOG_TIMEOUT="20000000")
-        assert (homed > 20 * 2**20) == (homes == "1"), homed
-        outs.append(w)
-    assert torch.isfinite(outs[0]).all() and torch.equal(outs[0], outs[1])
+        run = train_under_eviction(tmp_path, homes, timeout=60, NNTILE_HOST_HOMES=homes, ON_GPU="1",
+                                   STARPU_WATCHDOG_TIMEOUT="20000000")
+        assert (run.homed > 20 * 2**20) == (homes == "1"), run.homed
+        outs.append(run)
+    assert_same_training(outs[0], outs[1], "without homes against with homes")
