@@ -28,7 +28,17 @@ class OptimizerRecord:
         self.hooked = False  # state_dict()'s post-hook that hands out dense states is registered
 
 
+class CacheLayerRecord:
+    """What nntile_torch keeps about one layer of Hugging Face's key/value cache (nn/kv_cache.py)."""
+    __slots__ = ("tiles", "views")
+
+    def __init__(self):
+        self.tiles = None  # kv_cache.py: the tiles the attention reads (GPT-2's qkv rows; Llama's k and v)
+        self.views = None  # kv_cache.py: the (keys, values) views of them it set on the layer
+
+
 _MODULES = weakref.WeakKeyDictionary()
+_CACHE_LAYERS = WeakIdKeyDictionary()  # by identity: a cache layer is the user's object, its == not ours
 _OPTIMIZERS = weakref.WeakKeyDictionary()
 # an optimizer's step counters (tensors: keyed by identity, torch's == is elementwise) -> (version, value) when read
 STEP_VALUES = WeakIdKeyDictionary()
@@ -47,4 +57,12 @@ def optimizer_record(optimizer):
     record = _OPTIMIZERS.get(optimizer)
     if record is None:
         record = _OPTIMIZERS[optimizer] = OptimizerRecord()
+    return record
+
+
+def cache_layer_record(layer, create=True):
+    """The CacheLayerRecord of a key/value cache layer (a new one unless create=False: then None when it has none)."""
+    record = _CACHE_LAYERS.get(layer)
+    if record is None and create:
+        record = _CACHE_LAYERS[layer] = CacheLayerRecord()
     return record

@@ -13,6 +13,7 @@ import torch
 
 from .. import _C
 from ..functional import gather_rows
+from ..owners import cache_layer_record
 from ..tensor import TileTensor, new_tiles
 
 
@@ -34,18 +35,21 @@ def cache_uncovered(module, cache):
 def tile_cache(layer):
     """What an attention stored on a cache layer (its tiles), if the layer's keys and values are still the views it
     left there (nothing replaced them: a crop or a beam search's reorder makes them dense tensors)."""
-    stored = getattr(layer, "_nntile_cache", None)
-    if stored is None or layer.keys is not layer._nntile_kv[0] or layer.values is not layer._nntile_kv[1]:
+    record = cache_layer_record(layer, create=False)
+    stored = None if record is None else record.tiles
+    if stored is None or layer.keys is not record.views[0] or layer.values is not record.views[1]:
         return None
     return stored
 
 
 def store(layer, stored, keys, values):
-    """Puts `stored` (tiles) on the cache layer, and keys and values (B, H, T, D), views of them, where Hugging Face's
-    code reads them."""
+    """Keeps `stored` (tiles) in the cache layer's record (owners.py), and puts keys and values (B, H, T, D), views
+    of them, on the layer, where Hugging Face's code reads them."""
     if not getattr(layer, "is_initialized", False):
         layer.dtype, layer.device, layer.is_initialized = keys.dtype, keys.device, True
-    layer.keys, layer.values, layer._nntile_cache, layer._nntile_kv = keys, values, stored, (keys, values)
+    layer.keys, layer.values = keys, values
+    record = cache_layer_record(layer)
+    record.tiles, record.views = stored, (keys, values)
 
 
 def rows_tile(b, total, batch_tile):
