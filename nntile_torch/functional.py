@@ -385,28 +385,30 @@ def attention_tiles_ok(qkv):
 _mask_cache = [None]  # (the mask tensor, its version, row tile, C++ tiles): one model's layers share one mask
 
 
-def attention_mask_tiles(mask, b, seq, row_tile, device):
-    """C++ tiles (b * seq, seq) of an additive float mask tiled by `row_tile` rows, from a mask that broadcasts to
-    (b, 1, seq, seq): boolean (True: attend, as scaled_dot_product_attention's) or float (added to the scores, as
+def attention_mask_tiles(mask, b, seq, row_tile, device, keys=None):
+    """C++ tiles (b * seq, keys) of an additive float mask tiled by `row_tile` rows, from a mask that broadcasts to
+    (b, 1, seq, keys) (keys: seq by default; generation's cache: the new queries against every key): boolean (True: attend, as scaled_dot_product_attention's) or float (added to the scores, as
     Hugging Face's eager masks). None when it does not broadcast that way (a mask per head). The same mask tensor
     (every layer of one forward gets the one Hugging Face made) is converted once. A mask that requires grad (a
     learned bias) is not taken: the kernel gives no gradient for it."""
     if mask.dim() > 4 or mask.is_complex() or isinstance(mask, TileTensor) or mask.requires_grad:
         return None
+    keys = seq if keys is None else keys
     m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-    if m.shape[1] != 1 or any(n not in (1, want) for n, want in zip(m.shape, (b, 1, seq, seq))):
+    if m.shape[1] != 1 or any(n not in (1, want) for n, want in zip(m.shape, (b, 1, seq, keys))):
         return None
+    geometry = (b, seq, keys, row_tile)
     cached = _mask_cache[0]
-    if cached is not None and cached[0] is mask and cached[1] == mask._version and cached[2] == (b, seq, row_tile):
+    if cached is not None and cached[0] is mask and cached[1] == mask._version and cached[2] == geometry:
         return cached[3]
     if m.dtype == torch.bool:
         dense = torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill_(~m, float("-inf"))
     else:
         dense = m.to(torch.float32)
-    dense = dense.expand(b, 1, seq, seq).reshape(b * seq, seq)
-    tiles = new_tiles([b * seq, seq], [row_tile, seq], name="attention.mask")
+    dense = dense.expand(b, 1, seq, keys).reshape(b * seq, keys)
+    tiles = new_tiles([b * seq, keys], [row_tile, keys], name="attention.mask")
     tiles.from_dense(dense.to(device))
-    _mask_cache[0] = (mask, mask._version, (b, seq, row_tile), tiles)
+    _mask_cache[0] = (mask, mask._version, geometry, tiles)
     return tiles
 
 

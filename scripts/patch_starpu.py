@@ -62,11 +62,15 @@ if series not in ("1.3", "1.4"):
     sys.exit(f"patch_starpu: StarPU {series} is not a series this script knows (1.3, 1.4)")
 
 
-def patch(rel, pairs):
+def patch(rel, pairs, optional=False):
+    """Replaces each (old, new) in root/rel; optional: a pair whose old text is not there is skipped (a series or
+    release without that code) instead of an error."""
     path = root / rel
     text = path.read_text()
     for old, new in pairs:
         if new in text and (old in new or old not in text):  # applied already (a replacement may contain its original)
+            continue
+        if old not in text and optional:
             continue
         if old not in text:
             sys.exit(f"patch_starpu: {rel}: expected text not found: {old!r}")
@@ -240,30 +244,23 @@ patch("src/datawizard/memalloc.c", [(
     "int starpu_nntile_patch_level(void);\n"
     f"int starpu_nntile_patch_level(void) {{ return {PATCH_LEVEL}; }}\n" + settings_after,
 )])
-bus = root / "src/core/perfmodel/perfmodel_bus.c"
 reset = "#if CUDART_VERSION >= 4000\n\tcudaDeviceReset();\n#else\n\tcudaThreadExit();\n#endif\n"
-if series == "1.3" or reset in bus.read_text():
-    patch("src/core/perfmodel/perfmodel_bus.c", [(
-        reset, "\t/* nntile_torch: no cudaDeviceReset (it frees the CUDA memory of torch in the same process) */\n")])
+patch("src/core/perfmodel/perfmodel_bus.c", [(
+    reset, "\t/* nntile_torch: no cudaDeviceReset (it frees the CUDA memory of torch in the same process) */\n")],
+    optional=series != "1.3")
 # 7. a task's measured time below zero is dropped instead of aborting (both series where the assertion is).
-common = root / "src/drivers/driver_common/driver_common.c"
-negative = '\t\tSTARPU_ASSERT_MSG(measured >= 0, "measured=%lf\\n", measured);\n'
-if negative in common.read_text():
-    patch("src/drivers/driver_common/driver_common.c", [(
-        negative,
-        "\t\tif (measured < 0)\n\t\t{\n"
-        "\t\t\t/* nntile_torch: a CUDA worker running tasks asynchronously can pair one task's end with a later\n"
-        "\t\t\t * task's start: not a measurement, so neither the model nor the profile takes it */\n"
-        "\t\t\tcalibrate_model = 0;\n\t\t\tprofiling = 0;\n\t\t}\n")])
+patch("src/drivers/driver_common/driver_common.c", [(
+    '\t\tSTARPU_ASSERT_MSG(measured >= 0, "measured=%lf\\n", measured);\n',
+    "\t\tif (measured < 0)\n\t\t{\n"
+    "\t\t\t/* nntile_torch: a CUDA worker running tasks asynchronously can pair one task's end with a later\n"
+    "\t\t\t * task's start: not a measurement, so neither the model nor the profile takes it */\n"
+    "\t\t\tcalibrate_model = 0;\n\t\t\tprofiling = 0;\n\t\t}\n")], optional=True)
 # 8. no idle write to the disks from starpu_data_wont_use (wherever the block is as in 1.3.10).
-interactions = root / "src/datawizard/user_interactions.c"
-to_disks = "\t\tif (handle->ooc)\n\t\t{\n\t\t\t/* Try to push it to some disk */\n"
-if to_disks in interactions.read_text():
-    patch("src/datawizard/user_interactions.c", [(
-        to_disks,
-        "\t\t/* nntile_torch: no idle write to the disks: it pinned the tile's host buffer until every other\n"
-        "\t\t * request of the node was done, and the node could wait for that buffer (scripts/patch_starpu.py, 8.) */\n"
-        "\t\tif (0 && handle->ooc)\n\t\t{\n\t\t\t/* Try to push it to some disk */\n")])
+patch("src/datawizard/user_interactions.c", [(
+    "\t\tif (handle->ooc)\n\t\t{\n\t\t\t/* Try to push it to some disk */\n",
+    "\t\t/* nntile_torch: no idle write to the disks: it pinned the tile's host buffer until every other\n"
+    "\t\t * request of the node was done, and the node could wait for that buffer (scripts/patch_starpu.py, 8.) */\n"
+    "\t\tif (0 && handle->ooc)\n\t\t{\n\t\t\t/* Try to push it to some disk */\n")], optional=True)
 print(f"patched StarPU {series} sources (CUDA 13, host memory size, eviction settings, GPU buffer pool, "
       f"no device reset, no abort on a negative task time, no idle writes to disks on won't-use, "
       f"patch level {PATCH_LEVEL})")

@@ -213,19 +213,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(const Where &w, co
     return {gq, gk, gv};
 }
 
+// (nseq * len rows, ld floats apart) holding nh heads of hd from x on -> (nseq, nh * groups, len, hp): each head
+// repeated for its group of query heads, in the kernels' dtype and padding, one copy (the rows are strided).
+at::Tensor strided_heads(const Where &w, const float *x, int64_t nseq, int64_t len, int64_t nh, int64_t groups,
+                         int64_t hd, int64_t ld, bool bf16) {
+    const int64_t hp = padded_hd(w, hd);
+    auto opts = at::TensorOptions().dtype(at::kFloat);
+    opts = w.cuda ? opts.device(at::kCUDA, w.device) : opts.device(at::kCPU);
+    auto t = at::from_blob(const_cast<float *>(x), {nseq, len, nh, 1, hd}, {len * ld, ld, hd, hd, 1}, opts);
+    auto out = at::empty({nseq, len, nh, groups, hp}, t.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+    if (hp != hd) out.narrow(4, hd, hp - hd).zero_();
+    out.narrow(4, 0, hd).copy_(t.expand({nseq, len, nh, groups, hd}));
+    return out.view({nseq, len, nh * groups, hp}).transpose(1, 2);
+}
+
 // Rows (nseq * seq, nh * hd) of one of q, k, v as the fused kernels take them: (nseq, nh * groups, seq, hp), each
 // head repeated `groups` times side by side (grouped-query attention's k and v: query head h reads k/v head
 // h / groups, Hugging Face's repeat_kv), padded to hp and rounded to bf16 where asked. A view of the tile when
 // nothing changes, else one copy kernel: the repetition lives inside the task only.
 at::Tensor heads_of(const Where &w, const float *x, int64_t nseq, int64_t seq, int64_t nh, int64_t groups, int64_t hd,
                     bool bf16) {
-    const int64_t hp = padded_hd(w, hd);
-    auto t = wrap(x, {nseq, seq, nh, 1, hd}, w);
-    if (groups == 1 && hp == hd && !bf16) return t.view({nseq, seq, nh, hd}).transpose(1, 2);
-    auto out = at::empty({nseq, seq, nh, groups, hp}, t.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
-    if (hp != hd) out.narrow(4, hd, hp - hd).zero_();
-    out.narrow(4, 0, hd).copy_(t.expand({nseq, seq, nh, groups, hd}));
-    return out.view({nseq, seq, nh * groups, hp}).transpose(1, 2);
+    if (groups == 1 && padded_hd(w, hd) == hd && !bf16)
+        return wrap(x, {nseq, seq, nh, hd}, w).transpose(1, 2);  // already what the kernels read: no copy
+    return strided_heads(w, x, nseq, seq, nh, groups, hd, nh * hd, bf16);
 }
 
 // Attention with dropout on the probabilities, as explicit float32 math on (nseq, nheads, seq, seq) scores, on CPU
@@ -405,21 +415,6 @@ void gqa_attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t n
     }
 }
 
-namespace {
-// (nseq * len rows, ld floats apart) holding nh heads of hd from x on -> (nseq, nh * groups, len, hp): each head
-// repeated for its group of query heads, in the kernels' dtype and padding, one copy (the rows are strided).
-at::Tensor strided_heads(const Where &w, const float *x, int64_t nseq, int64_t len, int64_t nh, int64_t groups,
-                         int64_t hd, int64_t ld, bool bf16) {
-    const int64_t hp = padded_hd(w, hd);
-    auto opts = at::TensorOptions().dtype(at::kFloat);
-    opts = w.cuda ? opts.device(at::kCUDA, w.device) : opts.device(at::kCPU);
-    auto t = at::from_blob(const_cast<float *>(x), {nseq, len, nh, 1, hd}, {len * ld, ld, hd, hd, 1}, opts);
-    auto out = at::empty({nseq, len, nh, groups, hp}, t.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
-    if (hp != hd) out.narrow(4, hd, hp - hd).zero_();
-    out.narrow(4, 0, hd).copy_(t.expand({nseq, len, nh, groups, hd}));
-    return out.view({nseq, len, nh * groups, hp}).transpose(1, 2);
-}
-}  // namespace
 
 void cached_attention_forward(const Where &w, int64_t nseq, int64_t q_len, int64_t kv_len, int64_t nheads,
                               int64_t kv_heads, int64_t hd, float scale, bool bf16, const float *q, int64_t ld_q,

@@ -12,7 +12,7 @@ position, as Hugging Face's cache does, and the projections, the MLP and the nor
 import torch
 
 from .. import _C
-from ..functional import gather_rows
+from ..functional import attention_mask_tiles, gather_rows
 from ..owners import cache_layer_record
 from ..tensor import TileTensor, new_tiles
 
@@ -90,33 +90,16 @@ def attend(q, q_col, k, k_col, v, v_col, attention_mask, b, tn, total, nheads, k
     return TileTensor(y, (b, tn, nheads * hd), device)
 
 
-_mask_cache = [None]  # (Hugging Face's mask or None, its version, the geometry, the tiles): one mask per step
+_causal = [None]  # ((tn, total), the boolean causal mask of the new queries): one tensor for every layer of a step
 
 
 def query_mask(mask, b, tn, total, row_tile, device):
     """C++ tiles (b * tn, total) of the additive float mask of each sequence's tn new queries against its total keys,
-    tiled by row_tile rows: Hugging Face's mask for the new queries (broadcasting to (b, 1, tn, total): boolean, True
-    to attend, or float, added to the scores), or without one causal (new query i sees the keys up to total - tn + i).
-    None for a mask that differs per head. Every layer of a step gets the same mask: converted once."""
-    geometry = (b, tn, total, row_tile)
-    cached = _mask_cache[0]
-    if cached is not None and cached[0] is mask and cached[2] == geometry \
-            and (mask is None or cached[1] == mask._version):
-        return cached[3]
+    tiled by row_tile rows (functional.attention_mask_tiles): Hugging Face's mask for the new queries (broadcasting to
+    (b, 1, tn, total)), or without one causal (new query i sees the keys up to total - tn + i). None for a mask that
+    differs per head."""
     if mask is None:
-        keep = torch.ones(tn, total, dtype=torch.bool).tril_(total - tn)
-        dense = torch.zeros(keep.shape).masked_fill_(~keep, float("-inf")).expand(b, 1, tn, total)
-    else:
-        if mask.dim() > 4 or isinstance(mask, TileTensor) or mask.requires_grad:
-            return None
-        m = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-        if m.shape[1] != 1 or any(n not in (1, want) for n, want in zip(m.shape, (b, 1, tn, total))):
-            return None
-        if m.dtype == torch.bool:
-            dense = torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill_(~m, float("-inf"))
-        else:
-            dense = m.to(torch.float32)
-    tiles = new_tiles([b * tn, total], [row_tile, total], name="kv_cache.mask")
-    tiles.from_dense(dense.expand(b, 1, tn, total).reshape(b * tn, total).to(device))
-    _mask_cache[0] = (mask, None if mask is None else mask._version, geometry, tiles)
-    return tiles
+        if _causal[0] is None or _causal[0][0] != (tn, total):
+            _causal[0] = ((tn, total), torch.ones(tn, total, dtype=torch.bool).tril_(total - tn))
+        mask = _causal[0][1]
+    return attention_mask_tiles(mask, b, tn, row_tile, device, keys=total)
