@@ -57,14 +57,18 @@ key=$( (find csrc -type f -print0 | sort -z | xargs -0 cat; cat setup.py;
         python3 -c "import sys, torch; print(torch.__version__, sys.version)"
         [ -n "$tag" ] && cat "$prefix/.nntile_build") | sha256sum | cut -c1-16)  # 1.3.10's keys as before
 so=$(python3 -c "import sysconfig; print('_C' + sysconfig.get_config_var('EXT_SUFFIX'))")
-if [ -f ".carry/prebuilt/$key/$so" ] || [ -f "$prebuilt_out/$key/$so" ]; then  # carried, or built earlier in this call
-  cp "$( [ -f ".carry/prebuilt/$key/$so" ] && echo .carry/prebuilt || echo "$prebuilt_out")/$key/$so" "nntile_torch/$so"
-  echo "build: prebuilt extension $key (0 s)"
+# /tmp/nntile_prebuilt: what an earlier call on this (still warm) machine built; its $OUT is gone, its /tmp is not
+found=""
+for d in .carry/prebuilt "$prebuilt_out" /tmp/nntile_prebuilt; do [ -f "$d/$key/$so" ] && { found=$d; break; }; done
+if [ -n "$found" ]; then  # carried, built earlier in this call, or by an earlier call on this machine
+  cp "$found/$key/$so" "nntile_torch/$so"
+  echo "build: prebuilt extension $key from $found (0 s)"
 else
   if ! MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build.log" 2>&1; then
     grep -m20 -B2 -A6 error "$OUT/build.log"; exit 1
   fi
-  mkdir -p "$prebuilt_out/$key" && strip --strip-debug -o "$prebuilt_out/$key/$so" "nntile_torch/$so"
+  mkdir -p "$prebuilt_out/$key" /tmp/nntile_prebuilt/$key && strip --strip-debug -o "$prebuilt_out/$key/$so" "nntile_torch/$so"
+  cp "$prebuilt_out/$key/$so" /tmp/nntile_prebuilt/$key/
   echo "build: $(( $(date +%s) - t0 )) s (kept as prebuilt $key)"
 fi
 # "A=1 B=2 --x y" -> envs=(A=1 B=2), words=(--x y): a run's own environment settings, then its arguments.
