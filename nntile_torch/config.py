@@ -1,4 +1,5 @@
 """Project-wide defaults."""
+import math
 import os
 
 import torch
@@ -36,6 +37,17 @@ def rows_per_tile(batch, seq, cuda, places=1):
     if cuda:
         return seq * -(-batch // max(1, places))
     return seq
+
+
+def sequence_rows(shape, batch_tile):
+    """Rows per activation tile for a tensor of `shape` (..., T, C) seen as the matrix (prod(...), C): batch_tile,
+    or where T does not divide it, the whole sequences of T rows that fit in batch_tile (attention takes tiles of
+    whole sequences: generation without a cache grows T by one per token, and 8 sequences of 129 in tiles of 1024
+    would cut one). Never more than batch_tile rows, so plans' tile sizes still bound it."""
+    m = math.prod(shape[:-1])
+    if len(shape) >= 3 and 0 < shape[-2] <= batch_tile and batch_tile % shape[-2]:
+        batch_tile -= batch_tile % shape[-2]
+    return min(batch_tile, m)
 
 
 def check_precision(precision):

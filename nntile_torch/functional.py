@@ -5,7 +5,7 @@ import weakref
 
 import torch
 
-from . import _C
+from . import _C, config
 from .param import bf16_like, param_state, to_bf16
 from .tensor import (TileTensor, dtype_of, new_tiles, plain, register_tile_function, tiles_like, view_of,
                      without_torch_function)
@@ -116,9 +116,9 @@ def as_matrix_tiles(x, row_tile, col_tile):
     tiles when they already are that; otherwise copies x (materializing it if it is a TileTensor)."""
     k = x.shape[-1]
     m = math.prod(x.shape[:-1])
-    want = [min(row_tile, m), min(col_tile, k)]
-    if plain(x) and list(x.tiles.shape) == [m, k] and list(x.tiles.tile_shape) == want:
-        return x.tiles
+    want = [config.sequence_rows(x.shape, row_tile), min(col_tile, k)]
+    if plain(x) and list(x.tiles.shape) == [m, k] and list(x.tiles.tile_shape) in (want, [min(row_tile, m), want[1]]):
+        return x.tiles  # its own tiles: whole sequences, or row_tile rows as the caller asked
     gathered = gathered_rows(x, *want)
     if gathered is not None:
         return gathered
@@ -487,7 +487,7 @@ class EmbeddingFunction(torch.autograd.Function):
     def forward(ctx, ids, weight, batch_tile, check=None):
         wt = weight.tiles
         m, c = ids.numel(), wt.shape[1]
-        idt = new_tiles([m], [min(batch_tile, m)], torch.int64, name="embedding.ids")
+        idt = new_tiles([m], [config.sequence_rows((*ids.shape, c), batch_tile)], torch.int64, name="embedding.ids")
         idt.from_dense(ids.detach().reshape(m).long())
         if check is not None:  # ids on a GPU: checked by a task (an error at the next wait), not by a host read
             _C.index_check(idt, 0, wt.shape[0], _NO_IGNORE, check)

@@ -263,6 +263,22 @@ def test_hf_gpt2_every_attention_form_and_padding_in_tiles(device, impl, padding
     assert nt.convert_report(ours).dense_ops == {}
 
 
+@pytest.mark.parametrize("kind", ["hf", "nanogpt"])
+def test_row_tiles_that_would_cut_a_sequence_hold_whole_ones(device, kind):
+    """batch_tile_size 20 with sequences of 7 (4 of them: 28 rows): the activation tiles take the two whole
+    sequences that fit (14 rows), so attention stays a tile task: strict mode passes, loss, logits and every gradient
+    to float32 rounding. Before: tiles of 20 rows cut a sequence and attention ran dense."""
+    ref = hf_gpt2(device) if kind == "hf" else nanogpt(device)
+    ours = nt.convert(copy.deepcopy(ref), strict=True, tile_size=384, batch_tile_size=20)
+    ids = torch.randint(0, 101, (4, 8), device=device)
+    if kind == "hf":
+        x = ids[:, :7]
+        assert_parity(ours, ref, hf_step, x, torch.ones_like(x), x)
+    else:
+        assert_parity(ours, ref, nano_step, ids)
+    assert nt.convert_report(ours).dense_ops == {}
+
+
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_hf_gpt2_padded_step_makes_no_host_wait(device, impl):
     ours = nt.convert(hf_gpt2(device, impl), strict=True, **TILES)

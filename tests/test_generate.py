@@ -116,6 +116,20 @@ def test_gpt2_generate_in_tiles(device, sample, cache, monkeypatch):
     assert_in_tiles(out, waits, gathered, ops, sample, cache)
 
 
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_generate_without_cache_and_small_row_tiles_stays_in_tiles(device, model, monkeypatch):
+    """Without the cache every call sees a longer sequence (7 to 14 positions of 3 prompts); with 16 rows per
+    activation tile most lengths do not divide the tile, so the activation tiles take the whole sequences that fit
+    (config.sequence_rows): attention stays a tile task (strict mode: a fallback would raise), the same tokens."""
+    ref = gpt2(device) if model == "gpt2" else llama(device)
+    ours = nt.convert(copy.deepcopy(ref), strict=True, tile_size=384, batch_tile_size=16).eval()
+    ids, mask = prompt(device)
+    out, expected, waits, gathered, ops = generate(ours, ref, ids, mask, monkeypatch, use_cache=False,
+                                                   do_sample=False)
+    assert torch.equal(out.sequences, expected)
+    assert_in_tiles(out, waits, gathered, ops, False, False)
+
+
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_gpt2_generate_left_padded_with_cache(device, impl, monkeypatch):
     """Left-padded prompts with the cache, both mask forms (boolean for sdpa, additive float for eager): the cache's

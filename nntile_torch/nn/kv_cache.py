@@ -11,7 +11,7 @@ sequence, Hugging Face's mask rows for the new queries, or causal ones), so each
 position, as Hugging Face's cache does, and the projections, the MLP and the norms run on the new positions only."""
 import torch
 
-from .. import _C
+from .. import _C, config
 from ..functional import attention_mask_tiles, gather_rows
 from ..owners import cache_layer_record
 from ..tensor import TileTensor, new_tiles
@@ -85,8 +85,9 @@ def attend(q, q_col, k, k_col, v, v_col, attention_mask, b, tn, total, nheads, k
         q = gather_rows(q, torch.arange(b * tn), rows, name="kv_cache.q")
     y = new_tiles([b * tn, nheads * hd], [rows, nheads * hd], name="kv_cache.attention")
     _C.cached_attention_forward(q, k, v, mask, y, tn, total, nheads, kv_heads, hd, q_col, k_col, v_col, scale, bf16)
-    if rows != min(out_tile, b * tn):
-        y = gather_rows(y, torch.arange(b * tn), out_tile, name="kv_cache.y")
+    out_rows = config.sequence_rows((b, tn, nheads * hd), out_tile)  # as the layer's other activation tiles
+    if rows != out_rows:
+        y = gather_rows(y, torch.arange(b * tn), out_rows, name="kv_cache.y")
     return TileTensor(y, (b, tn, nheads * hd), device)
 
 
