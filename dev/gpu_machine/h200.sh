@@ -12,6 +12,7 @@
 # The harness's model families and variants pass through BENCH_ARGS (plans joined by ';'), e.g.
 #   BENCH_ARGS="--model hf,hf-tanh --backend nntile,torch:compile,fsdp2:compile --config xl --steps 3" \
 #     bash dev/gpu_machine/h200.sh bench
+# DEVICE_DEADLINE=$(( $(date +%s) + LIMIT - 20 )) set at a call's start keeps the bench step's attempts inside the call.
 # Prepare the carry here first: bash dev/gpu_machine/prepare_carry.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/nntile_out}
@@ -179,6 +180,11 @@ print('async_io compatible:', b.is_compatible(verbose=True)); b.load()" >"$OUT/d
       fi
       # a fresh folder per call (a warm machine keeps /tmp: an earlier call's records would come back again)
       bdir=/tmp/bench${tag:+_$tag}; rm -rf "$bdir"; rc=0; end=$(( $(date +%s) + ${BENCH_BUDGET:-420} ))  # seconds for all plans together
+      # DEVICE_DEADLINE (epoch seconds, e.g. the call's start + its limit - 20): no attempt runs past it, whatever the
+      # build before took (a cold machine's build once ate the margin and the call was killed with nothing returned)
+      [ -n "${DEVICE_DEADLINE:-}" ] && [ "$DEVICE_DEADLINE" -lt "$end" ] && end=$DEVICE_DEADLINE
+      # killed anyway (the device's limit): what was measured and the attempts' logs still come back
+      trap 'tar czf "$OUT/bench.tgz" -C "$bdir" . 2>/dev/null; exit 124' TERM INT
       args=${BENCH_ARGS:---backend torch,nntile --config xl --precision bf16 --batch 8 --seq 1024}
       if [[ $args == @* ]]; then  # @file: one plan per line, '#' comments
         args=$(sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "${args#@}" | paste -sd';')
