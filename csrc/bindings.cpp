@@ -299,7 +299,7 @@ PYBIND11_MODULE(_C, m) {
     m.def("cached_attention_forward", &ops::cached_attention_forward, nogil, py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("mask"), py::arg("y"), py::arg("q_len"), py::arg("kv_len"), py::arg("nheads"), py::arg("kv_heads"),
           py::arg("hd"), py::arg("q_col"), py::arg("k_col"), py::arg("v_col"), py::arg("scale"),
-          py::arg("bf16") = false);
+          py::arg("bf16") = false, py::arg("kv_rows") = 0);
     m.def("index_check", &ops::index_check, nogil, py::arg("ids"), py::arg("lo"), py::arg("hi"), py::arg("ignore"),
           py::arg("what"));
     m.def("embedding_forward", &ops::embedding_forward, nogil, py::arg("ids"), py::arg("table"), py::arg("out"));
@@ -310,7 +310,8 @@ PYBIND11_MODULE(_C, m) {
           py::arg("stats"), py::arg("acc"), py::arg("loss"), py::arg("mean"));
     m.def("cross_entropy_backward", &ops::cross_entropy_backward, nogil, py::arg("labels"), py::arg("logits"),
           py::arg("stats"), py::arg("acc"), py::arg("gout"), py::arg("dlogits"), py::arg("mean"));
-    m.def("embedding_backward", &ops::embedding_backward, nogil, py::arg("ids"), py::arg("dy"), py::arg("dtable"));
+    m.def("embedding_backward", &ops::embedding_backward, nogil, py::arg("ids"), py::arg("dy"), py::arg("dtable"),
+          py::arg("accumulate") = false);
     m.def("convert", &ops::convert, nogil, py::arg("src"), py::arg("dst"));
     m.def("pointwise", &ops::pointwise, nogil, py::arg("op"), py::arg("dst"), py::arg("a") = nullptr,
           py::arg("b") = nullptr, py::arg("c") = nullptr, py::arg("s0") = 0.f, py::arg("s1") = 0.f);

@@ -30,11 +30,13 @@ class OptimizerRecord:
 
 class CacheLayerRecord:
     """What nntile_torch keeps about one layer of Hugging Face's key/value cache (nn/kv_cache.py)."""
-    __slots__ = ("tiles", "views")
+    __slots__ = ("tiles", "views", "length")
 
     def __init__(self):
-        self.tiles = None  # kv_cache.py: the tiles the attention reads (GPT-2's qkv rows; Llama's k and v)
+        self.tiles = None  # kv_cache.py: the tiles the attention reads (GPT-2's qkv rows; Llama's k and v), each
+        #                    (B, room, C) with room >= length positions per sequence
         self.views = None  # kv_cache.py: the (keys, values) views of them it set on the layer
+        self.length = 0  # kv_cache.py: the positions per sequence so far
 
 
 _MODULES = weakref.WeakKeyDictionary()

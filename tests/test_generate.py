@@ -130,6 +130,38 @@ def test_generate_without_cache_and_small_row_tiles_stays_in_tiles(device, model
     assert_in_tiles(out, waits, gathered, ops, False, False)
 
 
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_cache_writes_new_rows_in_place_and_moves_when_full(device, model, monkeypatch):
+    """The cache's tiles have room past their length: each step after the prompt writes its rows in place (one
+    scatter task per stored tensor and layer, no gather, no add); with room for only 2 more positions (room_for
+    patched) it moves into new tiles every few steps, in-place steps between: the unconverted model's tokens both
+    ways."""
+    from collections import Counter
+    from nntile_torch.nn import kv_cache
+    ref = gpt2(device) if model == "gpt2" else llama(device)
+    stored = 1 if model == "gpt2" else 2  # GPT-2 keeps the qkv rows; Llama k and v
+    for small in (False, True):
+        if small:
+            monkeypatch.setattr(kv_cache, "room_for", lambda total: total + 2)
+        ours = nt.convert(copy.deepcopy(ref), strict=True, **TILES).eval()
+        ids, mask = prompt(device)
+        with nt.task_trace() as records:
+            out = ours.generate(ids, max_new_tokens=NEW, attention_mask=mask, do_sample=False, pad_token_id=0,
+                                return_dict_in_generate=True)
+        torch.manual_seed(1)
+        assert torch.equal(out.sequences, ref.generate(ids, max_new_tokens=NEW, attention_mask=mask, do_sample=False,
+                                                       pad_token_id=0))
+        names = Counter(r["name"] for r in records)
+        scatters = names["embedding_backward"]
+        if not small:  # room for 2 x 7 -> 64 positions: every step after the prompt in place
+            assert scatters == 2 * stored * (NEW - 1), names
+        else:  # lengths 7, 8, ..., 14 in rooms of 9, 12, 15: moves at 10 and 13, the other 5 steps in place
+            assert scatters == 2 * stored * 5, names
+        layer = out.past_key_values.layers[0]
+        assert layer.keys.shape[-2] == PROMPT + NEW - 1
+        monkeypatch.undo()
+
+
 @pytest.mark.parametrize("impl", ["sdpa", "eager"])
 def test_gpt2_generate_left_padded_with_cache(device, impl, monkeypatch):
     """Left-padded prompts with the cache, both mask forms (boolean for sdpa, additive float for eager): the cache's
@@ -183,10 +215,12 @@ def _tiles_of(x, row_tile):
     (1, 7, 4, 2, False, False), (3, 11, 6, 3, False, False), (5, 5, 2, 2, False, False), (1, 9, 3, 3, True, False),
     (2, 13, 3, 3, True, False), (3, 10, 4, 1, False, True), (2, 9, 3, 3, True, True)],
     ids=lambda v: str(v))
-def test_cached_attention_matches_sdpa(device, q_len, kv_len, heads, kv_heads, packed, bf16):
+@pytest.mark.parametrize("room", [0, 3], ids=["full", "room"])
+def test_cached_attention_matches_sdpa(device, q_len, kv_len, heads, kv_heads, packed, bf16, room):
     """_C.cached_attention_forward against torch's scaled_dot_product_attention (float64 reference) on awkward shapes:
     grouped-query heads, q, k, v as column ranges of packed qkv rows (GPT-2's cache) or tensors of their own (Llama's),
-    a padding-and-causal mask, several sequences per tile and a last tile with fewer, bf16."""
+    a padding-and-causal mask, several sequences per tile and a last tile with fewer, bf16; and k, v in a cache with
+    room: `room` more rows per sequence (kv_rows), filled with large values that must not be read."""
     from nntile_torch import _C
     from nntile_torch.tensor import new_tiles
     g = torch.Generator().manual_seed(q_len * 100 + kv_len)
@@ -212,15 +246,21 @@ def test_cached_attention_matches_sdpa(device, q_len, kv_len, heads, kv_heads, p
                                                            attn_mask=mask[:, None].double(), scale=scale)
     ref = ref.transpose(1, 2).reshape(nseq * q_len, heads * hd)
     dev = torch.device(device)
+    rows = kv_len + room
+
+    def roomy(z):  # (nseq * kv_len, C) -> (nseq * rows, C), each sequence's rows followed by `room` rows of 1e4
+        z = z.reshape(nseq, kv_len, -1)
+        return torch.cat([z, torch.full((nseq, room, z.shape[-1]), 1e4)], 1).reshape(nseq * rows, -1)
     if packed:
-        qt, kt, vt = _tiles_of(qkv_new.to(dev), per_tile * q_len), _tiles_of(qkv_all.to(dev), per_tile * kv_len), None
+        qt, kt, vt = _tiles_of(qkv_new.to(dev), per_tile * q_len), _tiles_of(roomy(qkv_all).to(dev), per_tile * rows), None
         cols = (0, heads * hd, 2 * heads * hd)
     else:
-        qt, kt, vt = (_tiles_of(z.to(dev), per_tile * n) for z, n in ((q, q_len), (k, kv_len), (v, kv_len)))
+        qt, kt, vt = (_tiles_of(z.to(dev), per_tile * n) for z, n in ((q, q_len), (roomy(k), rows), (roomy(v), rows)))
         cols = (0, 0, 0)
     mt = _tiles_of(mask.reshape(nseq * q_len, kv_len).to(dev), per_tile * q_len)
     y = new_tiles([nseq * q_len, heads * hd], [per_tile * q_len, heads * hd])
-    _C.cached_attention_forward(qt, kt, vt, mt, y, q_len, kv_len, heads, kv_heads, hd, *cols, scale, bf16)
+    _C.cached_attention_forward(qt, kt, vt, mt, y, q_len, kv_len, heads, kv_heads, hd, *cols, scale, bf16,
+                                kv_rows=rows if room else 0)
     out = y.to_dense(dev).cpu().double()
     tol = 2e-2 if bf16 else 1e-5
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
@@ -237,5 +277,9 @@ def test_cached_attention_checks_its_arguments():
         _C.cached_attention_forward(q, k, k, new_tiles([4, 9], [2, 9]), y, 2, 9, 4, 2, 6, 0, 0, 0, 1.0)
     with pytest.raises(RuntimeError, match="heads past the end of a row"):
         _C.cached_attention_forward(q, k, None, m, y, 2, 10, 4, 2, 6, 0, 6, 6, 1.0)
+    with pytest.raises(RuntimeError, match=r"kv_rows \(9\) must be at least kv_len \(10\)"):
+        _C.cached_attention_forward(q, k, k, m, y, 2, 10, 4, 2, 6, 0, 0, 0, 1.0, kv_rows=9)
+    with pytest.raises(RuntimeError, match="k and v must hold 2 sequences of 12 rows"):
+        _C.cached_attention_forward(q, k, k, m, y, 2, 10, 4, 2, 6, 0, 0, 0, 1.0, kv_rows=12)
     with pytest.raises(RuntimeError, match="whole sequences of 3 queries"):
         _C.cached_attention_forward(q, k, k, m, y, 3, 10, 4, 2, 6, 0, 0, 0, 1.0)

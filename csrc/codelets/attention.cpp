@@ -100,7 +100,7 @@ starpu_codelet *cl_gqa_bwd() {
 }
 
 struct CachedArgs {
-    int64_t nseq, q_len, kv_len, nheads, kv_heads, hd;
+    int64_t nseq, q_len, kv_len, kv_rows, nheads, kv_heads, hd;  // kv_rows: rows per sequence in k's and v's tiles
     int64_t q_col, k_col, v_col;  // where q's, k's and v's heads start in their rows
     float scale;
     bool bf16;
@@ -109,7 +109,7 @@ struct CachedArgs {
 
 uint32_t cached_footprint(starpu_task *task) {
     const auto &a = args_of<CachedArgs>(task);
-    return hash_ints({a.nseq, a.q_len, a.kv_len, a.nheads, a.kv_heads, a.hd, a.bf16 ? 1 : 0});
+    return hash_ints({a.nseq, a.q_len, a.kv_len, a.kv_rows, a.nheads, a.kv_heads, a.hd, a.bf16 ? 1 : 0});
 }
 
 template <bool Cuda>
@@ -117,12 +117,12 @@ void cached_fwd_func(void *buffers[], void *cl_arg) {  // buffers: q, k, [v], ma
     auto *a = static_cast<CachedArgs *>(cl_arg);
     const int n = a->v_in_k ? 0 : 1;
     auto row = [&](int i) {  // a buffer's row length: a vector of nseq * len rows
-        const int64_t len = i == 0 ? a->q_len : a->kv_len;
+        const int64_t len = i == 0 ? a->q_len : a->kv_rows;
         return (int64_t)STARPU_VECTOR_GET_NX(buffers[i]) / (a->nseq * len);
     };
     const float *q = (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), *k = (const float *)STARPU_VECTOR_GET_PTR(buffers[1]);
     const float *v = (const float *)STARPU_VECTOR_GET_PTR(buffers[1 + n]);
-    kernels::cached_attention_forward(where<Cuda>(), a->nseq, a->q_len, a->kv_len, a->nheads, a->kv_heads, a->hd,
+    kernels::cached_attention_forward(where<Cuda>(), a->nseq, a->q_len, a->kv_len, a->kv_rows, a->nheads, a->kv_heads, a->hd,
                                       a->scale, a->bf16, q + a->q_col, row(0), k + a->k_col, row(1), v + a->v_col,
                                       row(1 + n), (const float *)STARPU_VECTOR_GET_PTR(buffers[2 + n]),
                                       (float *)STARPU_VECTOR_GET_PTR(buffers[3 + n]));
@@ -136,12 +136,12 @@ starpu_codelet *cl_cached_fwd() {
 
 }  // namespace
 
-void submit_cached_attention_forward(int64_t nseq, int64_t q_len, int64_t kv_len, int64_t nheads, int64_t kv_heads,
-                                     int64_t hd, int64_t q_col, int64_t k_col, int64_t v_col, float scale, bool bf16,
-                                     starpu_data_handle_t q, starpu_data_handle_t k, starpu_data_handle_t v,
-                                     starpu_data_handle_t mask, starpu_data_handle_t y) {
+void submit_cached_attention_forward(int64_t nseq, int64_t q_len, int64_t kv_len, int64_t kv_rows, int64_t nheads,
+                                     int64_t kv_heads, int64_t hd, int64_t q_col, int64_t k_col, int64_t v_col,
+                                     float scale, bool bf16, starpu_data_handle_t q, starpu_data_handle_t k,
+                                     starpu_data_handle_t v, starpu_data_handle_t mask, starpu_data_handle_t y) {
     double flops = 4.0 * nseq * q_len * kv_len * nheads * hd;
-    auto *args = cl_args(CachedArgs{nseq, q_len, kv_len, nheads, kv_heads, hd, q_col, k_col, v_col, scale, bf16,
+    auto *args = cl_args(CachedArgs{nseq, q_len, kv_len, kv_rows, nheads, kv_heads, hd, q_col, k_col, v_col, scale, bf16,
                                     v == nullptr});
     int ret = v ? NNTILE_TASK_INSERT(cl_cached_fwd(), STARPU_R, q, STARPU_R, k, STARPU_R, v, STARPU_R, mask, STARPU_W,
                                      y, STARPU_CL_ARGS, args, sizeof(CachedArgs), STARPU_FLOPS, flops, STARPU_NAME,

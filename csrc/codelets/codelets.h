@@ -80,10 +80,10 @@ void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nhe
 // Attention of q_len new queries over kv_len cached keys per sequence (generation), forward only: q (nseq * q_len,
 // .), k and v (nseq * kv_len, .) whose heads start at columns q_col, k_col, v_col of their rows (v null: v's columns
 // are in k's tile, GPT-2's packed qkv); mask (nseq * q_len, kv_len) additive; y (nseq * q_len, nheads * hd).
-void submit_cached_attention_forward(int64_t nseq, int64_t q_len, int64_t kv_len, int64_t nheads, int64_t kv_heads,
-                                     int64_t hd, int64_t q_col, int64_t k_col, int64_t v_col, float scale, bool bf16,
-                                     starpu_data_handle_t q, starpu_data_handle_t k, starpu_data_handle_t v,
-                                     starpu_data_handle_t mask, starpu_data_handle_t y);
+void submit_cached_attention_forward(int64_t nseq, int64_t q_len, int64_t kv_len, int64_t kv_rows, int64_t nheads,
+                                     int64_t kv_heads, int64_t hd, int64_t q_col, int64_t k_col, int64_t v_col,
+                                     float scale, bool bf16, starpu_data_handle_t q, starpu_data_handle_t k,
+                                     starpu_data_handle_t v, starpu_data_handle_t mask, starpu_data_handle_t y);
 void submit_gqa_attention_forward(int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                                   float scale, bool bf16, starpu_data_handle_t q, starpu_data_handle_t k,
                                   starpu_data_handle_t v, starpu_data_handle_t mask, starpu_data_handle_t y,

@@ -216,11 +216,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(const Where &w, co
 // (nseq * len rows, ld floats apart) holding nh heads of hd from x on -> (nseq, nh * groups, len, hp): each head
 // repeated for its group of query heads, in the kernels' dtype and padding, one copy (the rows are strided).
 at::Tensor strided_heads(const Where &w, const float *x, int64_t nseq, int64_t len, int64_t nh, int64_t groups,
-                         int64_t hd, int64_t ld, bool bf16) {
+                         int64_t hd, int64_t ld, bool bf16, int64_t seq_rows = 0) {
     const int64_t hp = padded_hd(w, hd);
     auto opts = at::TensorOptions().dtype(at::kFloat);
     opts = w.cuda ? opts.device(at::kCUDA, w.device) : opts.device(at::kCPU);
-    auto t = at::from_blob(const_cast<float *>(x), {nseq, len, nh, 1, hd}, {len * ld, ld, hd, hd, 1}, opts);
+    // a sequence's rows start seq_rows rows after the one before (len by default; a cache with room to grow: more)
+    auto t = at::from_blob(const_cast<float *>(x), {nseq, len, nh, 1, hd}, {(seq_rows ? seq_rows : len) * ld, ld, hd, hd, 1},
+                           opts);
     auto out = at::empty({nseq, len, nh, groups, hp}, t.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
     if (hp != hd) out.narrow(4, hd, hp - hd).zero_();
     out.narrow(4, 0, hd).copy_(t.expand({nseq, len, nh, groups, hd}));
@@ -416,10 +418,10 @@ void gqa_attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t n
 }
 
 
-void cached_attention_forward(const Where &w, int64_t nseq, int64_t q_len, int64_t kv_len, int64_t nheads,
-                              int64_t kv_heads, int64_t hd, float scale, bool bf16, const float *q, int64_t ld_q,
-                              const float *k, int64_t ld_k, const float *v, int64_t ld_v, const float *mask,
-                              float *y) {
+void cached_attention_forward(const Where &w, int64_t nseq, int64_t q_len, int64_t kv_len, int64_t kv_rows,
+                              int64_t nheads, int64_t kv_heads, int64_t hd, float scale, bool bf16, const float *q,
+                              int64_t ld_q, const float *k, int64_t ld_k, const float *v, int64_t ld_v,
+                              const float *mask, float *y) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     const int64_t groups = nheads / kv_heads;
@@ -432,8 +434,8 @@ void cached_attention_forward(const Where &w, int64_t nseq, int64_t q_len, int64
         if (pad) bias = at::constant_pad_nd(bias, {0, pad}).narrow(3, 0, kv_len);
         bias = bias.expand({nseq, nheads, q_len, kv_len});
     }
-    auto f = attend(w, qh, strided_heads(w, k, nseq, kv_len, kv_heads, groups, hd, ld_k, bf16),
-                    strided_heads(w, v, nseq, kv_len, kv_heads, groups, hd, ld_v, bf16), scale, bias);
+    auto f = attend(w, qh, strided_heads(w, k, nseq, kv_len, kv_heads, groups, hd, ld_k, bf16, kv_rows),
+                    strided_heads(w, v, nseq, kv_len, kv_heads, groups, hd, ld_v, bf16, kv_rows), scale, bias);
     wrap(y, {nseq, q_len, nheads, hd}, w).copy_(unpad(f.out, hd));
 }
 

@@ -47,9 +47,10 @@ void gqa_attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t n
 // (so q, k and v may be column ranges of GPT-2's packed qkv rows). mask: additive float (nseq * q_len, kv_len), row
 // s * q_len + i the bias of query i of sequence s against each key (causality is the mask's). y: (nseq * q_len,
 // nheads * hd). bf16 as attention_forward's.
-void cached_attention_forward(const Where &w, int64_t nseq, int64_t q_len, int64_t kv_len, int64_t nheads,
-                              int64_t kv_heads, int64_t hd, float scale, bool bf16, const float *q, int64_t ld_q,
-                              const float *k, int64_t ld_k, const float *v, int64_t ld_v, const float *mask, float *y);
+void cached_attention_forward(const Where &w, int64_t nseq, int64_t q_len, int64_t kv_len, int64_t kv_rows,
+                              int64_t nheads, int64_t kv_heads, int64_t hd, float scale, bool bf16, const float *q,
+                              int64_t ld_q, const float *k, int64_t ld_k, const float *v, int64_t ld_v,
+                              const float *mask, float *y);
 // The keep mask (nseq, nheads, seq, seq) of `drop` as a CPU bool tensor: for tests' references.
 at::Tensor attention_dropout_keep(int64_t nseq, int64_t nheads, int64_t seq, float p, int64_t seed, int64_t first_seq);
 // The fused kernels, numbered as ATen's SDPBackend numbers the GPU's (kCpu is ours: the CPU's flash kernel).

@@ -88,12 +88,15 @@ void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64
 
 void cached_attention_forward(TileTensor &q, TileTensor &k, TileTensor *v, TileTensor &mask, TileTensor &y,
                               int64_t q_len, int64_t kv_len, int64_t nheads, int64_t kv_heads, int64_t hd,
-                              int64_t q_col, int64_t k_col, int64_t v_col, float scale, bool bf16) {
+                              int64_t q_col, int64_t k_col, int64_t v_col, float scale, bool bf16,
+                              int64_t kv_rows) {
     const char *op = "cached_attention";
+    if (kv_rows == 0) kv_rows = kv_len;  // k's and v's rows per sequence: the keys, or more (a cache with room)
     TileTensor &vt = v ? *v : k;
     for (auto *t : {&q, &k, &vt, &mask, &y})
         NNTILE_CHECK(t->dtype() == DType::f32 && t->ndim() == 2 && t->grid()[1] == 1,
                      op << ": q, k, v, the mask and the output must be float32 matrices in tiles of whole rows");
+    NNTILE_CHECK(kv_rows >= kv_len, op << ": kv_rows (" << kv_rows << ") must be at least kv_len (" << kv_len << ")");
     NNTILE_CHECK(q_len > 0 && kv_len > 0 && hd > 0 && nheads > 0 && kv_heads > 0 && nheads % kv_heads == 0,
                  op << ": q_len " << q_len << ", kv_len " << kv_len << ", head size " << hd << ", heads " << nheads
                     << "/" << kv_heads << " (query heads a multiple of key/value heads)");
@@ -102,8 +105,8 @@ void cached_attention_forward(TileTensor &q, TileTensor &k, TileTensor *v, TileT
                     << ") must hold whole sequences of " << q_len << " queries");
     const int64_t nseq = q.shape()[0] / q_len, per_tile = q.tile_shape()[0] / q_len;
     for (auto *t : {&k, &vt})
-        NNTILE_CHECK(t->shape()[0] == nseq * kv_len && t->tile_shape()[0] == per_tile * kv_len,
-                     op << ": k and v must hold " << nseq << " sequences of " << kv_len << " rows in tiles of "
+        NNTILE_CHECK(t->shape()[0] == nseq * kv_rows && t->tile_shape()[0] == per_tile * kv_rows,
+                     op << ": k and v must hold " << nseq << " sequences of " << kv_rows << " rows in tiles of "
                         << per_tile << " sequences, as q's (got " << c10::IntArrayRef(t->shape()) << " in tiles "
                         << c10::IntArrayRef(t->tile_shape()) << ")");
     NNTILE_CHECK(q_col >= 0 && q_col + nheads * hd <= q.shape()[1] && k_col >= 0 &&
@@ -117,7 +120,7 @@ void cached_attention_forward(TileTensor &q, TileTensor &k, TileTensor *v, TileT
                  op << ": the output must be (" << q.shape()[0] << ", " << nheads * hd << ") tiled by q's rows");
     for (int64_t i = 0; i < q.grid()[0]; ++i) {
         OnWorker on(placement_worker(i));
-        codelets::submit_cached_attention_forward(q.tile_extent(0, i) / q_len, q_len, kv_len, nheads, kv_heads, hd,
+        codelets::submit_cached_attention_forward(q.tile_extent(0, i) / q_len, q_len, kv_len, kv_rows, nheads, kv_heads, hd,
                                                   q_col, k_col, v_col, scale, bf16, q.handle(i), k.handle(i),
                                                   v ? v->handle(i) : nullptr, mask.handle(i), y.handle(i));
     }

@@ -29,13 +29,13 @@ void embedding_forward(TileTensor &ids, TileTensor &table, TileTensor &out) {
     out.bump_version();
 }
 
-void embedding_backward(TileTensor &ids, TileTensor &dy, TileTensor &dtable) {
+void embedding_backward(TileTensor &ids, TileTensor &dy, TileTensor &dtable, bool accumulate) {
     check(ids, dtable, dy, "embedding_backward");
     int64_t c = dtable.shape()[1], tv = dtable.tile_shape()[0];
     for (int64_t v = 0; v < dtable.grid()[0]; ++v)
         for (int64_t i = 0; i < ids.grid()[0]; ++i) {
             OnWorker on(placement_worker(i));
-            codelets::submit_embedding_backward(ids.tile_extent(0, i), dtable.tile_extent(0, v), c, v * tv, i == 0,
+            codelets::submit_embedding_backward(ids.tile_extent(0, i), dtable.tile_extent(0, v), c, v * tv, i == 0 && !accumulate,
                                                 ids.handle(i), dy.handle(i), dtable.handle(v));
         }
     dtable.bump_version();

@@ -85,14 +85,17 @@ void gqa_attention_backward(TileTensor &dy, TileTensor &q, TileTensor &k, TileTe
 // q's rows (causality is the mask's). y (S * q_len, nheads * hd) tiled by q's rows.
 void cached_attention_forward(TileTensor &q, TileTensor &k, TileTensor *v, TileTensor &mask, TileTensor &y,
                               int64_t q_len, int64_t kv_len, int64_t nheads, int64_t kv_heads, int64_t hd,
-                              int64_t q_col, int64_t k_col, int64_t v_col, float scale, bool bf16);
+                              int64_t q_col, int64_t k_col, int64_t v_col, float scale, bool bf16,
+                              int64_t kv_rows = 0);
 // A task per tile of the integer tensor ids that records an error (raised at the host's next wait, e.g.
 // loss.item()) when a value lies outside [lo, hi) and is not `ignore`: index checks without a host read.
 void index_check(TileTensor &ids, int64_t lo, int64_t hi, int64_t ignore, const std::string &what);
 // Embedding lookup: ids (M) int64 tiled (bt), table (V, C) in tiles of whole rows (tv, C), out (M, C) tiled
 // (bt, C). One task per (row tile, vocabulary tile); backward overwrites dtable (tiled like table).
 void embedding_forward(TileTensor &ids, TileTensor &table, TileTensor &out);
-void embedding_backward(TileTensor &ids, TileTensor &dy, TileTensor &dtable);
+// accumulate: add into dtable's values (rows of ids outside [0, N) skipped), not into zeros: a scatter of dy's rows
+// into a table whose other rows are kept (a key/value cache's new positions)
+void embedding_backward(TileTensor &ids, TileTensor &dy, TileTensor &dtable, bool accumulate = false);
 // Broadcast over leading dims: dst (M, C) += src (r, C) on every block of r rows; sum_blocks: dst (r, C) = sum of
 // src's (M, C) blocks of r rows (in order). Row tiles of the (M, C) side hold whole blocks.
 void add_blocks(TileTensor &src, TileTensor &dst);

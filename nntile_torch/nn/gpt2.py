@@ -4,7 +4,7 @@ configured attn_implementation ("eager", "sdpa", the default): causal, or with t
 from a padding attention_mask (boolean for sdpa, additive float for eager; causality included), with attn_pdrop's
 dropout on the probabilities in training (inside the tasks). Generation's key/value cache (Hugging Face's
 DynamicCache, as generate() makes it) is kept in tiles: each layer's cache entry holds the qkv rows of every position
-so far as one tile tensor, grown by row gather tasks (kv_cache.py). What it does not cover (other caches,
+so far as one tile tensor with room to grow, the new rows written in place (kv_cache.py). What it does not cover (other caches,
 cross-attention, returned attention weights, masks that differ per head) runs the original forward, recorded as a
 dense fallback (convert_report; strict mode raises)."""
 import types
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from ..costs import Costs, register_form, residual_block
 from ..functional import CausalAttentionFunction, attention_mask_tiles, attention_tiles_ok, dropout_seed
 from ..report import note_dense
-from ..tensor import TileTensor, plain, without_torch_function
+from ..tensor import plain, without_torch_function
 from . import kv_cache
 from .linear import Conv1D
 from .norm_act import GELU
@@ -139,20 +139,17 @@ def _cached_forward(self, hidden_states, attention_mask, layer):
         return f"key/value cache with qkv tiles {tuple(qkv.tiles.tile_shape)} that do not hold whole rows"
     b, tn, c3 = qkv.shape
     c = c3 // 3
-    old = kv_cache.tile_cache(layer)
-    past = 0 if old is None else old.shape[1]
-    total = past + tn
-    row_tile = kv_cache.rows_tile(b, total, self.c_attn.batch_tile_size)
-    qkv_all = TileTensor(kv_cache.grown(qkv.tiles, None if old is None else old.tiles, b, past, tn, row_tile,
-                                        "kv_cache.qkv"), (b, total, c3), qkv.device)
+    (stored,), total, room = kv_cache.append(layer, [qkv.tiles], b, tn, self.c_attn.batch_tile_size, qkv.device,
+                                             ["qkv"])
     bf16 = self.c_attn.precision == "bf16"
-    y = kv_cache.attend(qkv.tiles, 0, qkv_all.tiles, c, None, 2 * c, attention_mask, b, tn, total, self.num_heads,
-                        self.num_heads, self.head_dim, float(self.scaling), bf16, qkv.device,
+    y = kv_cache.attend(qkv.tiles, 0, stored.tiles, c, None, 2 * c, attention_mask, b, tn, total, room,
+                        self.num_heads, self.num_heads, self.head_dim, float(self.scaling), bf16, qkv.device,
                         self.c_proj.batch_tile_size)
     if isinstance(y, str):
         return y
-    k, v = (z.reshape(b, total, self.num_heads, self.head_dim).transpose(1, 2) for z in qkv_all.split(c, dim=2)[1:])
-    kv_cache.store(layer, qkv_all, k, v)
+    k, v = (z.reshape(b, total, self.num_heads, self.head_dim).transpose(1, 2)
+            for z in stored[:, :total].split(c, dim=2)[1:])
+    kv_cache.store(layer, [stored], total, k, v)
     return self.resid_dropout(self.c_proj(y)), None
 
 

@@ -4,11 +4,14 @@ Hugging Face's DynamicLayer keeps keys and values (B, H, T, D) and concatenates 
 Here the attention keeps instead, on the layer, the tiles its attention kernel reads (GPT-2: the qkv rows of every
 position so far; Llama: k and v after the rotary embedding) in tiles of whole sequences, and sets the layer's keys
 and values to views of them, so that the cache's length (get_seq_length), the masks Hugging Face builds from it, and
-any torch code reading them (materialized) work unchanged. A step's new rows join the old ones by row gather tasks
-(each gathered into the grown tiling, zeros elsewhere, then summed: no wait). The new positions' queries attend over
-the grown keys with the cached attention kernel (_C.cached_attention_forward: q_len queries over kv_len keys per
-sequence, Hugging Face's mask rows for the new queries, or causal ones), so each step's attention costs T per new
-position, as Hugging Face's cache does, and the projections, the MLP and the norms run on the new positions only."""
+any torch code reading them (materialized) work unchanged. The tiles have room for more positions than they hold
+(`room`, rounded up past the length): a step's new rows are written in place, one scatter task per tile (an
+accumulating embedding backward into the zero rows past the length); when the room runs out, new tiles with twice
+the room take the old rows and the new by row gather tasks (no wait either way). The new positions' queries attend
+over the cached keys with the cached attention kernel (_C.cached_attention_forward: q_len queries over kv_len keys
+per sequence, kv_rows rows apart, Hugging Face's mask rows for the new queries, or causal ones), so each step's
+attention costs T per new position, as Hugging Face's cache does, and the projections, the MLP and the norms run on
+the new positions only."""
 import torch
 
 from .. import _C, config
@@ -33,50 +36,78 @@ def cache_uncovered(module, cache):
 
 
 def tile_cache(layer):
-    """What an attention stored on a cache layer (its tiles), if the layer's keys and values are still the views it
-    left there (nothing replaced them: a crop or a beam search's reorder makes them dense tensors)."""
+    """What an attention stored on a cache layer, (its tiles, the positions they hold), if the layer's keys and values
+    are still the views it left there (nothing replaced them: a crop or a beam search's reorder makes them dense
+    tensors); else None."""
     record = cache_layer_record(layer, create=False)
     stored = None if record is None else record.tiles
     if stored is None or layer.keys is not record.views[0] or layer.values is not record.views[1]:
         return None
-    return stored
+    return stored, record.length
 
 
-def store(layer, stored, keys, values):
-    """Keeps `stored` (tiles) in the cache layer's record (owners.py), and puts keys and values (B, H, T, D), views
-    of them, on the layer, where Hugging Face's code reads them."""
+def store(layer, stored, length, keys, values):
+    """Keeps `stored` (TileTensors (B, room, C)) and the positions they hold in the cache layer's record (owners.py),
+    and puts keys and values (B, H, T, D), views of them, on the layer, where Hugging Face's code reads them."""
     if not getattr(layer, "is_initialized", False):
         layer.dtype, layer.device, layer.is_initialized = keys.dtype, keys.device, True
     layer.keys, layer.values = keys, values
     record = cache_layer_record(layer)
-    record.tiles, record.views = stored, (keys, values)
+    record.tiles, record.views, record.length = stored, (keys, values), length
 
 
-def rows_tile(b, total, batch_tile):
-    """Row tiles of whole sequences of the grown length, about as many rows as the layer's activation tiles."""
-    return total * max(1, min(b, batch_tile // total))
+def rows_tile(b, room, batch_tile):
+    """Row tiles of whole sequences of `room` rows, about as many rows as the layer's activation tiles."""
+    return room * max(1, min(b, batch_tile // room))
 
 
-def grown(new, old, b, past, tn, row_tile, name):
-    """C++ tiles (b * (past + tn), C) tiled (row_tile, C): per sequence, the `past` rows of `old` (C++ tiles
-    (b * past, C), or None to leave them zero) then the tn rows of `new` (C++ tiles (b * tn, C) of whole rows)."""
+def room_for(total):
+    """Positions per sequence to make room for when the cache grows to `total`: twice that, in steps of 64 (so a
+    generation of n tokens regrows about log2(n) times; each step in between writes in place)."""
+    return -(-2 * total // 64) * 64
+
+
+def append(layer, news, b, tn, batch_tile, device, names):
+    """The layer's cache tiles with the new positions' rows added: news, C++ tiles (b * tn, C) of whole rows, one per
+    stored tensor (GPT-2: the qkv rows; Llama: k and v). Returns (TileTensors (b, room, C), positions so far, room),
+    the first `positions` rows of each sequence valid, the rest zeros. In place while the room lasts; else new tiles
+    of room_for(positions) rows per sequence, the old rows and the new gathered into them."""
+    old = tile_cache(layer)
+    past = 0 if old is None else old[1]
     total = past + tn
-    pos = torch.arange(total)
     seq = torch.arange(b).reshape(b, 1)
-    out = gather_rows(new, torch.where(pos >= past, seq * tn + pos - past, -1).reshape(-1), row_tile, name=name)
-    if old is not None and past:
-        _C.add(1.0, gather_rows(old, torch.where(pos < past, seq * past + pos, -1).reshape(-1), row_tile,
-                                name=name + ".old"), 1.0, out)
-    return out
+    if old is not None and old[0][0].shape[1] >= total:
+        stored = old[0]
+        room = stored[0].shape[1]
+        rows = (seq * room + past + torch.arange(tn)).reshape(-1)  # where each new row goes
+        for new, st, name in zip(news, stored, names):
+            ids = new_tiles([b * tn], [new.tile_shape[0]], torch.int64, name=f"kv_cache.{name}.rows")
+            ids.from_dense(rows)
+            _C.embedding_backward(ids, new, st.tiles, accumulate=True)
+        return stored, total, room
+    room = room_for(total)
+    row_tile = rows_tile(b, room, batch_tile)
+    pos = torch.arange(room)
+    from_new = torch.where((pos >= past) & (pos < total), seq * tn + pos - past, -1).reshape(-1)
+    stored = []
+    for i, (new, name) in enumerate(zip(news, names)):
+        out = gather_rows(new, from_new, row_tile, name=f"kv_cache.{name}")
+        if old is not None and past:
+            old_room = old[0][i].shape[1]
+            from_old = torch.where(pos < past, seq * old_room + pos, -1).reshape(-1)
+            _C.add(1.0, gather_rows(old[0][i].tiles, from_old, row_tile, name=f"kv_cache.{name}.old"), 1.0, out)
+        stored.append(TileTensor(out, (b, room, new.shape[1]), device))
+    return stored, total, room
 
 
-def attend(q, q_col, k, k_col, v, v_col, attention_mask, b, tn, total, nheads, kv_heads, hd, scale, bf16, device,
-           out_tile):
+def attend(q, q_col, k, k_col, v, v_col, attention_mask, b, tn, total, room, nheads, kv_heads, hd, scale, bf16,
+           device, out_tile):
     """The tn new queries of each sequence (C++ tiles q (b * tn, .), heads from column q_col) over its `total` keys (C++
-    tiles k, v (b * total, .) tiled by rows_tile, heads from k_col, v_col; v None: in k's rows), under Hugging Face's
+    tiles k, v (b * room, .) tiled by rows_tile, the first `total` rows of each sequence's room the keys, heads from
+    k_col, v_col; v None: in k's rows), under Hugging Face's
     attention_mask for the new queries (or causal without one) -> TileTensor (b, tn, nheads x hd) tiled by out_tile
     rows; or why not (a string: the caller falls back)."""
-    per_tile = k.tile_shape[0] // total  # sequences per tile of the cache
+    per_tile = k.tile_shape[0] // room  # sequences per tile of the cache
     rows = per_tile * tn
     mask = query_mask(attention_mask, b, tn, total, rows, device)
     if mask is None:
@@ -84,7 +115,8 @@ def attend(q, q_col, k, k_col, v, v_col, attention_mask, b, tn, total, nheads, k
     if q.tile_shape[0] != rows:  # the queries in the cache's sequences per tile
         q = gather_rows(q, torch.arange(b * tn), rows, name="kv_cache.q")
     y = new_tiles([b * tn, nheads * hd], [rows, nheads * hd], name="kv_cache.attention")
-    _C.cached_attention_forward(q, k, v, mask, y, tn, total, nheads, kv_heads, hd, q_col, k_col, v_col, scale, bf16)
+    _C.cached_attention_forward(q, k, v, mask, y, tn, total, nheads, kv_heads, hd, q_col, k_col, v_col, scale, bf16,
+                                kv_rows=room)
     out_rows = config.sequence_rows((b, tn, nheads * hd), out_tile)  # as the layer's other activation tiles
     if rows != out_rows:
         y = gather_rows(y, torch.arange(b * tn), out_rows, name="kv_cache.y")

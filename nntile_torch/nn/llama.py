@@ -6,7 +6,7 @@ memory plan (nntile_torch/costs.py).
   them; copied into tiles once per forward), grouped-query causal attention (k/v heads repeated inside the task),
   the o projection: no dense step. Recognized by structure and a probe of what it computes, not by class names.
   Generation's key/value cache (Hugging Face's DynamicCache) is kept in tiles: k and v after the rotary embedding,
-  grown by row gather tasks (kv_cache.py). Attention dropout in training (attention_dropout > 0) runs inside the
+  with room to grow, the new rows written in place (kv_cache.py). Attention dropout in training (attention_dropout > 0) runs inside the
   attention task, its keep mask nntile's hash of the global positions, as GPT-2's. Other caches (sliding windows, a
   cache holding dense tensors, a cache in training with attention dropout), returned attention weights, other
   attention implementations than sdpa and eager, masks per head, and tilings whose tiles do not hold whole rows and sequences run as torch code (recorded: convert_report;
@@ -324,19 +324,14 @@ def _cached_forward(self, hidden_states, position_embeddings, attention_mask, la
     if angles[0] is None or angles[1] is None:
         return f"key/value cache with cos and sin of shape {tuple(cos.shape)} (not (1 or {b}, {tn}, {hd}) float32)"
     q, k = RopeFunction.apply(q, *angles, hd), RopeFunction.apply(k, *angles, hd)
-    old = kv_cache.tile_cache(layer)
-    past = 0 if old is None else old[0].shape[1]
-    total = past + tn
-    tile = kv_cache.rows_tile(b, total, getattr(self.q_proj, "batch_tile_size", None) or config.DEFAULT_BATCH_TILE_SIZE)
-    old_k, old_v = (None, None) if old is None else (old[0].tiles, old[1].tiles)
-    k_all, v_all = (TileTensor(kv_cache.grown(z.tiles, o, b, past, tn, tile, f"kv_cache.{n}"), (b, total, z.shape[-1]),
-                               z.device) for z, o, n in ((k, old_k, "k"), (v, old_v, "v")))
+    batch_tile = getattr(self.q_proj, "batch_tile_size", None) or config.DEFAULT_BATCH_TILE_SIZE
+    (k_all, v_all), total, room = kv_cache.append(layer, [k.tiles, v.tiles], b, tn, batch_tile, k.device, ["k", "v"])
     bf16 = getattr(self.q_proj, "precision", "fp32") == "bf16"
-    y = kv_cache.attend(q.tiles, 0, k_all.tiles, 0, v_all.tiles, 0, attention_mask, b, tn, total, heads, kv_heads, hd,
-                        float(self.scaling), bf16, q.device,
+    y = kv_cache.attend(q.tiles, 0, k_all.tiles, 0, v_all.tiles, 0, attention_mask, b, tn, total, room, heads,
+                        kv_heads, hd, float(self.scaling), bf16, q.device,
                         getattr(self.o_proj, "batch_tile_size", None) or config.DEFAULT_BATCH_TILE_SIZE)
     if isinstance(y, str):
         return y
-    keys, values = (z.reshape(b, total, kv_heads, hd).transpose(1, 2) for z in (k_all, v_all))
-    kv_cache.store(layer, (k_all, v_all), keys, values)
+    keys, values = (z[:, :total].reshape(b, total, kv_heads, hd).transpose(1, 2) for z in (k_all, v_all))
+    kv_cache.store(layer, [k_all, v_all], total, keys, values)
     return self.o_proj(y)
