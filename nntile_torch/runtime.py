@@ -45,6 +45,9 @@ def _count(value, name):
     return value
 
 
+DISK_LIMIT_MIN = 16 << 20  # StarPU's STARPU_DISK_SIZE_MIN
+
+
 def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, disk_limit, scheduler, cpu_tasks=None,
                places=None, max_submitted_tasks=None, streams_per_gpu=None):
     if streams_per_gpu is not None and (isinstance(streams_per_gpu, bool) or not isinstance(streams_per_gpu, int)
@@ -78,6 +81,8 @@ def _normalize(ncpus, ncuda, cuda_memory_limit, host_memory_limit, disk_path, di
                          f"{disk_path!r}, disk_limit={disk_limit!r})")
     if args["disk_path"] is not None and not os.path.isdir(args["disk_path"]):
         raise ValueError(f"disk_path must be an existing directory (got {disk_path!r})")
+    if args["disk_limit"] is not None and args["disk_limit"] < DISK_LIMIT_MIN:  # StarPU asserts (an abort) below it
+        raise ValueError(f"disk_limit must be at least 16 MiB, StarPU's smallest disk node (got {disk_limit!r})")
     if args["disk_path"] is not None:
         free = shutil.disk_usage(args["disk_path"]).free
         if args["disk_limit"] > free:  # StarPU would write tiles there until the disk is full
