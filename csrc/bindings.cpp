@@ -169,6 +169,7 @@ PYBIND11_MODULE(_C, m) {
             d["sole_bytes"] = n.sole;
             d["stale_bytes"] = n.stale;
             d["home_bytes"] = n.homes;
+            d["requested_bytes"] = n.requested;
             out.append(d);
         }
         return out;
@@ -194,6 +195,7 @@ PYBIND11_MODULE(_C, m) {
                 n.sole = get("sole_bytes", 0);
                 n.stale = get("stale_bytes", 0);
                 n.homes = get("home_bytes", 0);
+                n.requested = get("requested_bytes", 0);
                 v.push_back(n);
             }
             return stall_advice(v, has_disk, max_window);

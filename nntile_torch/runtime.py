@@ -383,7 +383,8 @@ def memory_nodes():
     """Per StarPU memory node (host RAM, each GPU, a disk node): its limit and use in bytes (-1 without a limit) and
     the bytes of live tiles with a buffer there (allocated_bytes), a valid copy there (valid_bytes), their only
     valid copy there (sole_bytes), and a buffer holding no valid copy (stale_bytes); of the allocated, home
-    buffers (home_bytes: NNTILE_HOST_HOMES), stale by design while the valid copy is on a GPU. used - allocated is
+    buffers (home_bytes: NNTILE_HOST_HOMES), stale by design while the valid copy is on a GPU; and the tiles with a
+    transfer into the node pending (requested_bytes: in a stall, copies waiting to move). used - allocated is
     memory StarPU holds beside live tiles (freed buffers it keeps for reuse, tiles being unregistered). A node full
     of stale buffers (other than homes) or of copies valid elsewhere too is StarPU not evicting what it could."""
     ensure_init()

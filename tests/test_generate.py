@@ -153,7 +153,7 @@ def test_cache_writes_new_rows_in_place_and_moves_when_full(device, model, monke
                                                        pad_token_id=0))
         names = Counter(r["name"] for r in records)
         scatters = names["embedding_backward"]
-        if not small:  # room for 2 x 7 -> 64 positions: every step after the prompt in place
+        if not small:  # room for 7 + 64 -> 128 positions: every step after the prompt in place
             assert scatters == 2 * stored * (NEW - 1), names
         else:  # lengths 7, 8, ..., 14 in rooms of 9, 12, 15: moves at 10 and 13, the other 5 steps in place
             assert scatters == 2 * stored * 5, names

@@ -480,9 +480,11 @@ def test_memory_nodes_count_each_tile_where_its_copies_are():
         for k in ("allocated_bytes", "valid_bytes", "sole_bytes"):
             assert host[k] - before[k] == nbytes, (k, host, before)
         assert host["stale_bytes"] == before["stale_bytes"]
+        assert host["requested_bytes"] == 0  # nothing is moving after synchronize()
         assert host["used_bytes"] >= host["allocated_bytes"]
         text = nt.memory_nodes_report()
-        assert text.startswith("NUMA 0: ") and "of 0.1 GiB used, tile buffers" in text and "the only valid copy" in text
+        assert text.startswith("NUMA 0: ") and "of 0.1 GiB used, tile buffers" in text and "the only valid copy" in text \
+            and "transfers in 0.0" in text
         del a, b
         gc.collect()
         nt.synchronize()

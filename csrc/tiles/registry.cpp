@@ -117,9 +117,10 @@ std::vector<NodeTiles> memory_nodes_tiles() {
             int nvalid = 0, last = -1;
             for (unsigned n = 0; n < nnodes; ++n) {
                 // StarPU reads these without its lock ("just a hint"): exact when nothing moves, as in a stall.
-                int allocated = 0, valid = 0;
-                starpu_data_query_status(h, (int)n, &allocated, &valid, nullptr);
+                int allocated = 0, valid = 0, requested = 0;
+                starpu_data_query_status(h, (int)n, &allocated, &valid, &requested);
                 if (allocated) out[n].allocated += bytes;
+                if (requested) out[n].requested += bytes;
                 if (valid) {
                     out[n].valid += bytes;
                     ++nvalid;
@@ -147,7 +148,8 @@ std::string memory_nodes_text() {
         else
             os << "no limit";
         os << ", tile buffers " << gib(n.allocated) << " GiB (valid " << gib(n.valid) << ", the only valid copy "
-           << gib(n.sole) << ", stale " << gib(n.stale) << (n.homes ? ", homes " : "");
+           << gib(n.sole) << ", stale " << gib(n.stale) << ", transfers in " << gib(n.requested)
+           << (n.homes ? ", homes " : "");
         if (n.homes) os << gib(n.homes);
         os << ")";
         if (n.total > 0) os << ", other " << gib(n.used - n.allocated) << " GiB";

@@ -125,6 +125,9 @@ struct NodeTiles {
     std::string name;
     int64_t total = -1, used = -1, allocated = 0, valid = 0, sole = 0, stale = 0;
     int64_t homes = 0;  // of allocated: home buffers (NNTILE_HOST_HOMES), stale while the valid copy is elsewhere
+    // tiles with a transfer into this node pending (StarPU's request on the replicate): in a stall, whether a full
+    // node's copies are waiting to move, or idle and not dropped
+    int64_t requested = 0;
 };
 std::vector<NodeTiles> memory_nodes_tiles();
 // The same as text, node after node joined by "; ", in GiB: the stall report's and memory_nodes_report()'s.

@@ -5,9 +5,9 @@ Here the attention keeps instead, on the layer, the tiles its attention kernel r
 position so far; Llama: k and v after the rotary embedding) in tiles of whole sequences, and sets the layer's keys
 and values to views of them, so that the cache's length (get_seq_length), the masks Hugging Face builds from it, and
 any torch code reading them (materialized) work unchanged. The tiles have room for more positions than they hold
-(`room`, rounded up past the length): a step's new rows are written in place, one scatter task per tile (an
-accumulating embedding backward into the zero rows past the length); when the room runs out, new tiles with twice
-the room take the old rows and the new by row gather tasks (no wait either way). The new positions' queries attend
+(`room`: a quarter more than the length, at least 64 positions more): a step's new rows are written in place, one scatter task per tile (an
+accumulating embedding backward into the zero rows past the length); when the room runs out, new tiles with new
+room take the old rows and the new by row gather tasks (no wait either way). The new positions' queries attend
 over the cached keys with the cached attention kernel (_C.cached_attention_forward: q_len queries over kv_len keys
 per sequence, kv_rows rows apart, Hugging Face's mask rows for the new queries, or causal ones), so each step's
 attention costs T per new position, as Hugging Face's cache does, and the projections, the MLP and the norms run on
@@ -62,9 +62,10 @@ def rows_tile(b, room, batch_tile):
 
 
 def room_for(total):
-    """Positions per sequence to make room for when the cache grows to `total`: twice that, in steps of 64 (so a
-    generation of n tokens regrows about log2(n) times; each step in between writes in place)."""
-    return -(-2 * total // 64) * 64
+    """Positions per sequence to make room for when the cache grows to `total`: a quarter more, at least 64 more, in
+    steps of 64 (a 1024-token prompt gets room for 1280: 25% more memory than the cache holds, and 256 tokens
+    generated in place before the cache moves; between moves every step writes in place)."""
+    return -(-(total + max(64, total // 4)) // 64) * 64
 
 
 def append(layer, news, b, tn, batch_tile, device, names):
