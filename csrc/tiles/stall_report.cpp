@@ -57,6 +57,20 @@ std::string stall_advice(const std::vector<NodeTiles> &nodes, bool has_disk, int
         else os << "Make";
         os << " it smaller: a smaller batch, AdamW(state_dtype=torch.bfloat16), activation checkpointing.";
     }
+    // copies valid on another node too: StarPU may drop them to make room (a tenth of a full node or more is named,
+    // with the transfers into that node pending: busy copies, or idle ones it did not drop)
+    std::string dups;
+    for (const auto *n : full) {
+        const int64_t dup = n->valid - n->sole;
+        if (dup * 10 >= n->total) {
+            std::ostringstream o;
+            o << std::fixed << std::setprecision(1) << (dups.empty() ? "" : ", ") << n->name << " " << gib(dup)
+              << " GiB (transfers in " << gib(n->requested) << ")";
+            dups += o.str();
+        }
+    }
+    if (!dups.empty())
+        os << " Copies also valid on another node, which StarPU may drop to make room: " << dups << ".";
     if (outside.empty() && !no_room)
         os << " StarPU 1.3.10 fails to evict there (docs/DESIGN.md, 'Runtime and memory'): use a smaller batch, a "
               "smaller submission window (init(max_submitted_tasks=...)), AdamW(state_dtype=torch.bfloat16) or more "
