@@ -148,9 +148,13 @@ def test_cache_writes_new_rows_in_place_and_moves_when_full(device, model, monke
         with nt.task_trace() as records:
             out = ours.generate(ids, max_new_tokens=NEW, attention_mask=mask, do_sample=False, pad_token_id=0,
                                 return_dict_in_generate=True)
-        torch.manual_seed(1)
-        assert torch.equal(out.sequences, ref.generate(ids, max_new_tokens=NEW, attention_mask=mask, do_sample=False,
-                                                       pad_token_id=0))
+        expected = ref.generate(ids, max_new_tokens=NEW, attention_mask=mask, do_sample=False, pad_token_id=0,
+                                return_dict_in_generate=True)
+        assert torch.equal(out.sequences, expected.sequences)
+        for ours_layer, ref_layer in zip(out.past_key_values.layers, expected.past_key_values.layers):
+            for got, want in ((ours_layer.keys, ref_layer.keys), (ours_layer.values, ref_layer.values)):
+                assert isinstance(got, nt.TileTensor) and got.shape == want.shape
+                torch.testing.assert_close(got.materialize(), want, rtol=1e-5, atol=1e-5)  # the views read the cache
         names = Counter(r["name"] for r in records)
         scatters = names["embedding_backward"]
         if not small:  # room for 7 + 64 -> 128 positions: every step after the prompt in place

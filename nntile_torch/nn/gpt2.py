@@ -147,8 +147,7 @@ def _cached_forward(self, hidden_states, attention_mask, layer):
                         self.c_proj.batch_tile_size)
     if isinstance(y, str):
         return y
-    k, v = (z.reshape(b, total, self.num_heads, self.head_dim).transpose(1, 2)
-            for z in stored[:, :total].split(c, dim=2)[1:])
+    k, v = (kv_cache.heads_view(stored, total, self.num_heads, self.head_dim, col) for col in (c, 2 * c))
     kv_cache.store(layer, [stored], total, k, v)
     return self.resid_dropout(self.c_proj(y)), None
 

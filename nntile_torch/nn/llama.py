@@ -332,6 +332,6 @@ def _cached_forward(self, hidden_states, position_embeddings, attention_mask, la
                         getattr(self.o_proj, "batch_tile_size", None) or config.DEFAULT_BATCH_TILE_SIZE)
     if isinstance(y, str):
         return y
-    keys, values = (z[:, :total].reshape(b, total, kv_heads, hd).transpose(1, 2) for z in (k_all, v_all))
+    keys, values = (kv_cache.heads_view(z, total, kv_heads, hd, 0) for z in (k_all, v_all))
     kv_cache.store(layer, [k_all, v_all], total, keys, values)
     return self.o_proj(y)
