@@ -38,10 +38,32 @@ def frees_saved(backward):
     return run
 
 
+class _NoGradContext:
+    """What a Function's forward gets for ctx when grad mode is off (apply_tiled): its attributes serve the forward
+    itself; what it saves for a backward is dropped, as no backward will run."""
+
+    def save_for_backward(self, *tensors):
+        pass
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+
+def apply_tiled(function, *args):
+    """function.apply(*args) (an autograd Function of this module's kind); with grad mode off (evaluation, generation)
+    its forward alone: no autograd node, nothing kept for a backward (a decoding step's submission was 10% keep())."""
+    if torch.is_grad_enabled():
+        return function.apply(*args)
+    return function.forward(_NoGradContext(), *args)
+
+
 def keep(ctx, device, *tiles):
     """save_for_backward for C++ tiles (activations a backward reads), wrapped as TileTensors: torch then frees
     them after backward, and activation checkpointing (torch.utils.checkpoint, reentrant or not) drops them after
-    the forward and recomputes them in backward. Kept as ctx attributes, non-reentrant checkpointing kept them."""
+    the forward and recomputes them in backward. Kept as ctx attributes, non-reentrant checkpointing kept them.
+    Without grad mode (apply_tiled) nothing is kept."""
+    if isinstance(ctx, _NoGradContext):
+        return
     ctx.save_for_backward(*[TileTensor(t, tuple(t.shape), device) for t in tiles])
 
 
@@ -444,7 +466,7 @@ def tiled_scaled_dot_product_attention(query, key, value, attn_mask=None, dropou
         mask = attention_mask_tiles(torch.zeros((), device=query.device), b, seq, t.tile_shape[0], query.device)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     seed = dropout_seed() if dropout_p > 0.0 else 0
-    return HeadsAttentionFunction.apply(query, key, value, mask, scale, bool(getattr(query, "made_in_bf16", False)),
+    return apply_tiled(HeadsAttentionFunction, query, key, value, mask, scale, bool(getattr(query, "made_in_bf16", False)),
                                         float(dropout_p), seed)
 
 
@@ -574,7 +596,7 @@ def tiled_cross_entropy(input, target, weight=None, size_average=None, ignore_in
         # target that was -100 itself becomes v, which is out of range as it was (the GPU check then names v)
         target = torch.where(target == ignore_index, torch.full_like(target, _IGNORE_INDEX),
                              torch.where(target == _IGNORE_INDEX, torch.full_like(target, v), target))
-    return CrossEntropyFunction.apply(input, target, reduction == "mean", check)
+    return apply_tiled(CrossEntropyFunction, input, target, reduction == "mean", check)
 
 
 @without_torch_function
@@ -590,7 +612,7 @@ def tiled_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     if isinstance(input, TileTensor) and not plain(input):
         return NotImplemented
     from .config import DEFAULT_BATCH_TILE_SIZE
-    return LayerNormFunction.apply(input, weight, bias, eps, DEFAULT_BATCH_TILE_SIZE)
+    return apply_tiled(LayerNormFunction, input, weight, bias, eps, DEFAULT_BATCH_TILE_SIZE)
 
 
 @without_torch_function
@@ -598,7 +620,7 @@ def tiled_gelu(input, approximate="none"):
     """F.gelu on a TileTensor, its own tiles kept (erf form or tanh approximation)."""
     if not plain(input) or input.dtype != torch.float32 or approximate not in ("none", "tanh"):
         return NotImplemented
-    return GeluFunction.apply(input, approximate, None, None)
+    return apply_tiled(GeluFunction, input, approximate, None, None)
 
 
 @without_torch_function
@@ -611,7 +633,7 @@ def tiled_dropout(input, p=0.5, training=True, inplace=False):
         return input
     if inplace or not plain(input) or input.dtype != torch.float32 or p == 1.0:
         return NotImplemented
-    return DropoutFunction.apply(input, float(p), dropout_seed(), None, None)
+    return apply_tiled(DropoutFunction, input, float(p), dropout_seed(), None, None)
 
 
 def dropout_seed():
@@ -628,7 +650,7 @@ def tiled_embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.
         return NotImplemented
     from .config import DEFAULT_BATCH_TILE_SIZE
     check = check_indices(input, weight.shape[0], "embedding")
-    return EmbeddingFunction.apply(input, weight, DEFAULT_BATCH_TILE_SIZE, check)
+    return apply_tiled(EmbeddingFunction, input, weight, DEFAULT_BATCH_TILE_SIZE, check)
 
 
 @without_torch_function
@@ -651,7 +673,7 @@ def tiled_last_positions(input, index):
         return NotImplemented  # torch raises its own IndexError
     from .config import DEFAULT_BATCH_TILE_SIZE
     ids = (torch.arange(b) * t + p).reshape(b, 1)
-    return EmbeddingFunction.apply(ids, input.reshape(b * t, c), DEFAULT_BATCH_TILE_SIZE, None)
+    return apply_tiled(EmbeddingFunction, ids, input.reshape(b * t, c), DEFAULT_BATCH_TILE_SIZE, None)
 
 
 for _func, _impl in ((torch.Tensor.__getitem__, tiled_last_positions), (F.cross_entropy, tiled_cross_entropy),

@@ -4,7 +4,7 @@ from torch import nn
 
 from .. import config
 from ..costs import Costs
-from ..functional import EmbeddingFunction, check_indices, check_indices_now  # noqa: F401 (re-exported)
+from ..functional import EmbeddingFunction, apply_tiled, check_indices, check_indices_now  # noqa: F401 (re-exported)
 from ..runtime import ensure_init
 from ..tensor import TileTensor, without_torch_function
 from . import _init
@@ -50,7 +50,7 @@ class Embedding(nn.Module):
         if not isinstance(self.weight, TileTensor) or self.weight.tiles.grid[1] != 1:
             check_indices_now(ids, self.num_embeddings, "Embedding")
             return nn.functional.embedding(ids, self.weight)  # a weight tied in another tiling: torch code
-        return EmbeddingFunction.apply(ids, self.weight, self.batch_tile_size, check)
+        return apply_tiled(EmbeddingFunction, ids, self.weight, self.batch_tile_size, check)
 
     def plan_costs(self, precision, seq):
         # The ids it keeps for the backward are the model's (costs.language_model counts them once); its weight is

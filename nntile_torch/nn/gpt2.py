@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from ..costs import Costs, register_form, residual_block
-from ..functional import CausalAttentionFunction, attention_mask_tiles, attention_tiles_ok, dropout_seed
+from ..functional import (CausalAttentionFunction, apply_tiled, attention_mask_tiles, attention_tiles_ok,
+                          dropout_seed)
 from ..report import note_dense
 from ..tensor import plain, without_torch_function
 from . import kv_cache
@@ -102,7 +103,7 @@ def _covered_forward(self, hidden_states, attention_mask):
             mask = attention_mask_tiles(attention_mask, b, t, qkv.tiles.tile_shape[0], qkv.device)
             if mask is None:
                 return None
-        y = CausalAttentionFunction.apply(qkv, self.num_heads, float(self.scaling), bf16, mask, dropout_p,
+        y = apply_tiled(CausalAttentionFunction, qkv, self.num_heads, float(self.scaling), bf16, mask, dropout_p,
                                           dropout_seed() if dropout_p > 0.0 else 0)
     else:  # tiles that do not hold whole rows and sequences: torch's fused attention on the dense values
         note_dense("attention", f"qkv tiles {tuple(qkv.tiles.tile_shape)} do not hold whole rows and sequences "

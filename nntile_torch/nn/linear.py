@@ -7,7 +7,7 @@ from torch import nn
 
 from .. import config
 from ..costs import Costs, matmul_input_bytes, register_form
-from ..functional import LinearFunction
+from ..functional import LinearFunction, apply_tiled
 from ..runtime import ensure_init
 from ..tensor import TileTensor, without_torch_function
 from . import _init
@@ -81,7 +81,7 @@ class Linear(nn.Module):
         if x.numel() == 0:
             raise ValueError(f"Linear got an empty input of shape {tuple(x.shape)}")
         ensure_init()
-        y = LinearFunction.apply(x, self.weight, self.bias, self.batch_tile_size, self.precision, self._w_in_out)
+        y = apply_tiled(LinearFunction, x, self.weight, self.bias, self.batch_tile_size, self.precision, self._w_in_out)
         if self.precision == "bf16":
             y.made_in_bf16 = True  # attention on this output (F.scaled_dot_product_attention) computes in bf16 too
         return y

@@ -23,7 +23,7 @@ import torch
 
 from .. import config
 from ..costs import Costs, register_form, residual_block
-from ..functional import attention_mask_tiles, dropout_seed
+from ..functional import apply_tiled, attention_mask_tiles, dropout_seed
 from ..functional_llama import GQAttentionFunction, RopeFunction, SiluMulFunction, rope_tiles
 from ..report import note_dense
 from ..tensor import TileTensor, plain, without_torch_function
@@ -128,7 +128,7 @@ def _gated_mlp_forward(self, x):
     g, u = self.gate_proj(x), self.up_proj(x)
     tile = getattr(self.gate_proj, "tile_size", None) or config.DEFAULT_TILE_SIZE
     batch_tile = getattr(self.gate_proj, "batch_tile_size", None) or config.DEFAULT_BATCH_TILE_SIZE
-    return self.down_proj(SiluMulFunction.apply(g, u, batch_tile, tile))
+    return self.down_proj(apply_tiled(SiluMulFunction, g, u, batch_tile, tile))
 
 
 # --- attention ---
@@ -284,9 +284,9 @@ def _covered_forward(self, hidden_states, position_embeddings, attention_mask):
             if mask is None:
                 why = "attention mask that differs per head"
     if why is None:
-        q, k = RopeFunction.apply(q, *angles, hd), RopeFunction.apply(k, *angles, hd)
+        q, k = apply_tiled(RopeFunction, q, *angles, hd), apply_tiled(RopeFunction, k, *angles, hd)
         p = _dropout_p(self)
-        y = GQAttentionFunction.apply(q, k, v, heads, kv_heads, float(self.scaling), bf16, mask, p,
+        y = apply_tiled(GQAttentionFunction, q, k, v, heads, kv_heads, float(self.scaling), bf16, mask, p,
                                       dropout_seed() if p > 0.0 else 0)
         return self.o_proj(y)
     # torch's attention on the dense values: correct, with host waits
@@ -323,7 +323,7 @@ def _cached_forward(self, hidden_states, position_embeddings, attention_mask, la
     angles = rope_tiles(cos, "cos", b, tn, row_tile), rope_tiles(sin, "sin", b, tn, row_tile)
     if angles[0] is None or angles[1] is None:
         return f"key/value cache with cos and sin of shape {tuple(cos.shape)} (not (1 or {b}, {tn}, {hd}) float32)"
-    q, k = RopeFunction.apply(q, *angles, hd), RopeFunction.apply(k, *angles, hd)
+    q, k = apply_tiled(RopeFunction, q, *angles, hd), apply_tiled(RopeFunction, k, *angles, hd)
     batch_tile = getattr(self.q_proj, "batch_tile_size", None) or config.DEFAULT_BATCH_TILE_SIZE
     (k_all, v_all), total, room = kv_cache.append(layer, [k.tiles, v.tiles], b, tn, batch_tile, k.device, ["k", "v"])
     bf16 = getattr(self.q_proj, "precision", "fp32") == "bf16"

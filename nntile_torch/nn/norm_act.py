@@ -6,7 +6,7 @@ from torch import nn
 
 from .. import config
 from ..costs import Costs, register_form
-from ..functional import DropoutFunction, GeluFunction, LayerNormFunction
+from ..functional import DropoutFunction, GeluFunction, LayerNormFunction, apply_tiled
 from ..runtime import ensure_init
 from ..tensor import TileTensor, without_torch_function
 from . import _init
@@ -75,7 +75,7 @@ class LayerNorm(nn.Module):
             raise ValueError(f"LayerNorm expects input of shape (*, {self.normalized_shape[0]}) "
                              f"(got {tuple(x.shape)})")
         ensure_init()
-        return LayerNormFunction.apply(x, self.weight, self.bias, self.eps, self.batch_tile_size)
+        return apply_tiled(LayerNormFunction, x, self.weight, self.bias, self.eps, self.batch_tile_size)
 
     def plan_costs(self, precision, seq):
         return layer_norm_costs(self.normalized_shape[0])
@@ -105,7 +105,7 @@ class GELU(nn.Module):
     def forward(self, x):
         check_input(x, "GELU")
         ensure_init()
-        return GeluFunction.apply(x, self.approximate, self.batch_tile_size, self.tile_size)
+        return apply_tiled(GeluFunction, x, self.approximate, self.batch_tile_size, self.tile_size)
 
     def plan_costs(self, precision, seq):
         return None  # elementwise, of no width of its own: the form around it says (GELU.costs_at)
@@ -144,7 +144,7 @@ class Dropout(nn.Module):
             return x * 0.0
         ensure_init()
         seed = int(torch.randint(0, 2**62, (1,)).item())
-        return DropoutFunction.apply(x, self.p, seed, self.batch_tile_size, self.tile_size)
+        return apply_tiled(DropoutFunction, x, self.p, seed, self.batch_tile_size, self.tile_size)
 
     def plan_costs(self, precision, seq):
         return Costs()  # the mask is recomputed in backward from the seed: nothing kept

@@ -6,6 +6,7 @@ from torch import nn
 
 from .. import config
 from ..costs import Costs, register_form
+from ..functional import apply_tiled
 from ..functional_llama import RMSNormFunction
 from ..runtime import ensure_init
 from ..tensor import TileTensor, without_torch_function
@@ -62,7 +63,7 @@ class RMSNorm(nn.Module):
             raise ValueError(f"RMSNorm expects input of shape (*, {self.normalized_shape[0]}) (got {tuple(x.shape)})")
         ensure_init()
         eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
-        return RMSNormFunction.apply(x, self.weight, eps, self.batch_tile_size)
+        return apply_tiled(RMSNormFunction, x, self.weight, eps, self.batch_tile_size)
 
     def plan_costs(self, precision, seq):
         return rmsnorm_costs(self.normalized_shape[0])
