@@ -293,8 +293,7 @@ class LayerNormFunction(torch.autograd.Function):
         xt = as_matrix_tiles(x, batch_tile, c)
         m, bt = xt.shape[0], xt.tile_shape[0]
         y = new_tiles([m, c], [bt, c], name="layer_norm.y")
-        mean = new_tiles([m], [bt], name="layer_norm.mean")
-        rstd = new_tiles([m], [bt], name="layer_norm.rstd")
+        mean, rstd = row_stats(ctx, m, bt, "layer_norm.mean"), row_stats(ctx, m, bt, "layer_norm.rstd")
         _C.layer_norm_forward(xt, weight.tiles, _zeros(weight.tiles) if bias is None else bias.tiles, float(eps), y,
                               mean, rstd)
         keep(ctx, x.device, xt, mean, rstd)
@@ -313,6 +312,22 @@ class LayerNormFunction(torch.autograd.Function):
         _C.layer_norm_backward(tiles_of(xt.shape, xt.tile_shape, dy), xt, mean, rstd, wt, dx, dw, db)
         return (TileTensor(dx, ctx.x_shape, ctx.x_device), TileTensor(dw, wt.shape, ctx.w_device),
                 TileTensor(db, wt.shape, ctx.w_device) if ctx.has_bias else None, None, None)
+
+
+_ROW_STATS = {}
+
+
+def row_stats(ctx, m, bt, name):
+    """Tiles (m,) tiled by bt for a norm's per-row statistics (mean, rstd), which only its backward reads: new ones
+    in training; without grad mode (apply_tiled) scratch tiles shared by every norm of that geometry, as no backward
+    will read them (a decoding step's norms made two tile tensors each that nothing read). One geometry kept per
+    name: the last one."""
+    if not isinstance(ctx, _NoGradContext):
+        return new_tiles([m], [bt], name=name)
+    kept_one = _ROW_STATS.get(name)
+    if kept_one is None or kept_one[0] != (m, bt):
+        kept_one = _ROW_STATS[name] = ((m, bt), new_tiles([m], [bt], name=name + ".scratch"))
+    return kept_one[1]
 
 
 _ZEROS = {}

@@ -3,7 +3,7 @@ grouped-query attention), submitting tile tasks without waits."""
 import torch
 
 from . import _C
-from .functional import as_matrix_tiles, frees_saved, keep, kept, tiles_of
+from .functional import as_matrix_tiles, frees_saved, keep, kept, row_stats, tiles_of
 from .tensor import TileTensor, new_tiles, plain, tiles_like, without_torch_function
 
 
@@ -22,7 +22,7 @@ class RMSNormFunction(torch.autograd.Function):
         xt = as_matrix_tiles(x, batch_tile, c)
         m, bt = xt.shape[0], xt.tile_shape[0]
         y = new_tiles([m, c], [bt, c], name="rmsnorm.y")
-        rstd = new_tiles([m], [bt], name="rmsnorm.rstd")
+        rstd = row_stats(ctx, m, bt, "rmsnorm.rstd")
         _C.rmsnorm_forward(xt, weight.tiles, float(eps), y, rstd)
         keep(ctx, x.device, xt, rstd)
         ctx.wt = weight.tiles

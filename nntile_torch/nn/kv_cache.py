@@ -76,6 +76,20 @@ def room_for(total):
     return -(-(total + max(64, total // 4)) // 64) * 64
 
 
+_rows = [None]  # (key, C++ tiles): the scatter's row numbers, the same for every layer of a step
+
+
+def _scatter_rows(b, tn, room, past, row_tile):
+    """C++ int64 tiles (b * tn) tiled by row_tile: where each new row goes in a cache of `room` rows per sequence
+    holding `past` (made once per step, read by every layer's scatter)."""
+    key = (b, tn, room, past, row_tile)
+    if _rows[0] is None or _rows[0][0] != key:
+        ids = new_tiles([b * tn], [row_tile], torch.int64, name="kv_cache.rows")
+        ids.from_dense((torch.arange(b).reshape(b, 1) * room + past + torch.arange(tn)).reshape(-1))
+        _rows[0] = (key, ids)
+    return _rows[0][1]
+
+
 def append(layer, news, b, tn, batch_tile, device, names):
     """The layer's cache tiles with the new positions' rows added: news, C++ tiles (b * tn, C) of whole rows, one per
     stored tensor (GPT-2: the qkv rows; Llama: k and v). Returns (TileTensors (b, room, C), positions so far, room),
@@ -84,18 +98,15 @@ def append(layer, news, b, tn, batch_tile, device, names):
     old = tile_cache(layer)
     past = 0 if old is None else old[1]
     total = past + tn
-    seq = torch.arange(b).reshape(b, 1)
     if old is not None and old[0][0].shape[1] >= total:
         stored = old[0]
         room = stored[0].shape[1]
-        rows = (seq * room + past + torch.arange(tn)).reshape(-1)  # where each new row goes
-        for new, st, name in zip(news, stored, names):
-            ids = new_tiles([b * tn], [new.tile_shape[0]], torch.int64, name=f"kv_cache.{name}.rows")
-            ids.from_dense(rows)
-            _C.embedding_backward(ids, new, st.tiles, accumulate=True)
+        for new, st in zip(news, stored):
+            _C.embedding_backward(_scatter_rows(b, tn, room, past, new.tile_shape[0]), new, st.tiles, accumulate=True)
         return stored, total, room
     room = room_for(total)
     row_tile = rows_tile(b, room, batch_tile)
+    seq = torch.arange(b).reshape(b, 1)
     pos = torch.arange(room)
     from_new = torch.where((pos >= past) & (pos < total), seq * tn + pos - past, -1).reshape(-1)
     stored = []
