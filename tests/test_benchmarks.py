@@ -52,6 +52,14 @@ def test_submission_benchmark(tmp_path):
     assert d["torch_forward_backward_s"] > 0 and d["torch_optimizer_step_s"] > 0
 
 
+def test_decode_submission_benchmark(tmp_path):
+    run("benchmarks.decode_submission", "--layers", "2", "--width", "16", "--batch", "2", "--prompt", "5", "--new", "3",
+        "--rounds", "1", "--out", "d.json", tmp_path=tmp_path)
+    d = json.loads((tmp_path / "d.json").read_text())
+    assert d["layers"] == 2 and d["ms_per_token"] > 0 and d["torch_ms_per_token"] > 0
+    assert 2 * 10 <= d["tasks_per_token"] <= 2 * 14 + 8, d  # about a dozen tasks per layer, a few per token
+
+
 def test_mlp_example(tmp_path):
     out = run("nntile_torch.examples.mlp", "--steps", "5", "--width", "64", "--device", "cpu", "--out", "run",
               tmp_path=tmp_path)
