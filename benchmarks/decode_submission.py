@@ -38,12 +38,13 @@ def parse_args(argv=None):
 
 
 def per_token(model, ids, new):
-    """Seconds per generated token: a generation of new + 2 tokens against one of 2."""
+    """(Seconds, tasks submitted) per generated token: a generation of new + 2 tokens against one of 2."""
     def timed(n):
-        t = time.perf_counter()
+        t, tasks = time.perf_counter(), nt.stats()["tasks_submitted"]
         model.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
-        return time.perf_counter() - t
-    return (timed(new + 2) - timed(2)) / new
+        return time.perf_counter() - t, nt.stats()["tasks_submitted"] - tasks
+    (long_s, long_tasks), (short_s, short_tasks) = timed(new + 2), timed(2)
+    return (long_s - short_s) / new, (long_tasks - short_tasks) / new
 
 
 def main(argv=None):
@@ -59,15 +60,9 @@ def main(argv=None):
     with torch.no_grad():
         per_token(ours, ids, 2)  # warm-up: first-call caches
         per_token(ref, ids, 2)
-        ours_s = [per_token(ours, ids, args.new) for _ in range(args.rounds)]
-        ref_s = [per_token(ref, ids, args.new) for _ in range(args.rounds)]
-    s0 = nt.stats()["tasks_submitted"]
-    with torch.no_grad():
-        ours.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
-    s1 = nt.stats()["tasks_submitted"]
-    with torch.no_grad():
-        ours.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0, attention_mask=torch.ones_like(ids))
-    tasks = nt.stats()["tasks_submitted"] - s1 - (s1 - s0)  # one more token's tasks
+        ours_s, tasks = zip(*(per_token(ours, ids, args.new) for _ in range(args.rounds)))
+        ref_s = [per_token(ref, ids, args.new)[0] for _ in range(args.rounds)]
+    tasks = round(statistics.median(tasks))
     res = dict(layers=args.layers, width=args.width, batch=args.batch, prompt=args.prompt, new=args.new,
                ms_per_token=1e3 * statistics.median(ours_s), torch_ms_per_token=1e3 * statistics.median(ref_s),
                tasks_per_token=tasks, machine=platform.processor() or platform.machine(),

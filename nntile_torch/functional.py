@@ -424,8 +424,8 @@ _mask_cache = [None]  # (the mask tensor, its version, row tile, C++ tiles): one
 
 def attention_mask_tiles(mask, b, seq, row_tile, device, keys=None):
     """C++ tiles (b * seq, keys) of an additive float mask tiled by `row_tile` rows, from a mask that broadcasts to
-    (b, 1, seq, keys) (keys: seq by default; generation's cache: the new queries against every key): boolean (True: attend, as scaled_dot_product_attention's) or float (added to the scores, as
-    Hugging Face's eager masks). None when it does not broadcast that way (a mask per head). The same mask tensor
+    (b, 1, seq, keys) (keys: seq by default; generation's cache: the new queries against every key): boolean
+    (True: attend, as scaled_dot_product_attention's) or float (added to the scores, as Hugging Face's eager masks). None when it does not broadcast that way (a mask per head). The same mask tensor
     (every layer of one forward gets the one Hugging Face made) is converted once. A mask that requires grad (a
     learned bias) is not taken: the kernel gives no gradient for it."""
     if mask.dim() > 4 or mask.is_complex() or isinstance(mask, TileTensor) or mask.requires_grad:
@@ -481,8 +481,8 @@ def tiled_scaled_dot_product_attention(query, key, value, attn_mask=None, dropou
         mask = attention_mask_tiles(torch.zeros((), device=query.device), b, seq, t.tile_shape[0], query.device)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     seed = dropout_seed() if dropout_p > 0.0 else 0
-    return apply_tiled(HeadsAttentionFunction, query, key, value, mask, scale, bool(getattr(query, "made_in_bf16", False)),
-                                        float(dropout_p), seed)
+    return apply_tiled(HeadsAttentionFunction, query, key, value, mask, scale,
+                       bool(getattr(query, "made_in_bf16", False)), float(dropout_p), seed)
 
 
 def check_indices(idx, num_embeddings, what):

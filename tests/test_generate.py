@@ -256,7 +256,8 @@ def test_cached_attention_matches_sdpa(device, q_len, kv_len, heads, kv_heads, p
         z = z.reshape(nseq, kv_len, -1)
         return torch.cat([z, torch.full((nseq, room, z.shape[-1]), 1e4)], 1).reshape(nseq * rows, -1)
     if packed:
-        qt, kt, vt = _tiles_of(qkv_new.to(dev), per_tile * q_len), _tiles_of(roomy(qkv_all).to(dev), per_tile * rows), None
+        qt, vt = _tiles_of(qkv_new.to(dev), per_tile * q_len), None
+        kt = _tiles_of(roomy(qkv_all).to(dev), per_tile * rows)
         cols = (0, heads * hd, 2 * heads * hd)
     else:
         qt, kt, vt = (_tiles_of(z.to(dev), per_tile * n) for z, n in ((q, q_len), (roomy(k), rows), (roomy(v), rows)))

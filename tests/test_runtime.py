@@ -110,7 +110,8 @@ def test_disk_limit_beyond_the_free_space_raises(tmp_path):
 
 def test_disk_limit_below_starpus_smallest_disk_node_raises(tmp_path):
     """StarPU asserts (aborting the process) on a disk node under 16 MiB: init says so instead."""
-    with pytest.raises(ValueError, match=r"disk_limit must be at least 16 MiB, StarPU's smallest disk node \(got '14MiB'\)"):
+    with pytest.raises(ValueError,
+                       match=r"disk_limit must be at least 16 MiB, StarPU's smallest disk node \(got '14MiB'\)"):
         nt.init(disk_path=str(tmp_path), disk_limit="14MiB")
 
 

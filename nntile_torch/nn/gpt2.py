@@ -4,9 +4,9 @@ configured attn_implementation ("eager", "sdpa", the default): causal, or with t
 from a padding attention_mask (boolean for sdpa, additive float for eager; causality included), with attn_pdrop's
 dropout on the probabilities in training (inside the tasks). Generation's key/value cache (Hugging Face's
 DynamicCache, as generate() makes it) is kept in tiles: each layer's cache entry holds the qkv rows of every position
-so far as one tile tensor with room to grow, the new rows written in place (kv_cache.py). What it does not cover (other caches,
-cross-attention, returned attention weights, masks that differ per head) runs the original forward, recorded as a
-dense fallback (convert_report; strict mode raises)."""
+so far as one tile tensor with room to grow, the new rows written in place (kv_cache.py). What it does not cover
+(other caches, cross-attention, returned attention weights, masks that differ per head) runs the original forward,
+recorded as a dense fallback (convert_report; strict mode raises)."""
 import types
 
 import torch

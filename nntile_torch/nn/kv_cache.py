@@ -5,13 +5,13 @@ Here the attention keeps instead, on the layer, the tiles its attention kernel r
 position so far; Llama: k and v after the rotary embedding) in tiles of whole sequences, and sets the layer's keys
 and values to views of them, so that the cache's length (get_seq_length), the masks Hugging Face builds from it, and
 any torch code reading them (materialized) work unchanged. The tiles have room for more positions than they hold
-(`room`: a quarter more than the length, at least 64 positions more): a step's new rows are written in place, one scatter task per tile (an
-accumulating embedding backward into the zero rows past the length); when the room runs out, new tiles with new
-room take the old rows and the new by row gather tasks (no wait either way). The new positions' queries attend
-over the cached keys with the cached attention kernel (_C.cached_attention_forward: q_len queries over kv_len keys
-per sequence, kv_rows rows apart, Hugging Face's mask rows for the new queries, or causal ones), so each step's
-attention costs T per new position, as Hugging Face's cache does, and the projections, the MLP and the norms run on
-the new positions only."""
+(`room`: a quarter more than the length, at least 64 positions more): a step's new rows are written in place, one
+scatter task per tile (an accumulating embedding backward into the zero rows past the length); when the room runs
+out, new tiles with new room take the old rows and the new by row gather tasks (no wait either way). The new
+positions' queries attend over the cached keys with the cached attention kernel (_C.cached_attention_forward:
+q_len queries over kv_len keys per sequence, kv_rows rows apart, Hugging Face's mask rows for the new queries, or
+causal ones), so each step's attention costs T per new position, as Hugging Face's cache does, and the
+projections, the MLP and the norms run on the new positions only."""
 import torch
 
 from .. import _C, config

@@ -6,11 +6,12 @@ memory plan (nntile_torch/costs.py).
   them; copied into tiles once per forward), grouped-query causal attention (k/v heads repeated inside the task),
   the o projection: no dense step. Recognized by structure and a probe of what it computes, not by class names.
   Generation's key/value cache (Hugging Face's DynamicCache) is kept in tiles: k and v after the rotary embedding,
-  with room to grow, the new rows written in place (kv_cache.py). Attention dropout in training (attention_dropout > 0) runs inside the
-  attention task, its keep mask nntile's hash of the global positions, as GPT-2's. Other caches (sliding windows, a
-  cache holding dense tensors, a cache in training with attention dropout), returned attention weights, other
-  attention implementations than sdpa and eager, masks per head, and tilings whose tiles do not hold whole rows and sequences run as torch code (recorded: convert_report;
-  strict mode raises).
+  with room to grow, the new rows written in place (kv_cache.py). Attention dropout in training
+  (attention_dropout > 0) runs inside the attention task, its keep mask nntile's hash of the global positions, as
+  GPT-2's. Other caches (sliding windows, a cache holding dense tensors, a cache in training with attention
+  dropout), returned attention weights, other attention implementations than sdpa and eager, masks per head, and
+  tilings whose tiles do not hold whole rows and sequences run as torch code (recorded: convert_report; strict mode
+  raises).
 - The gated MLP: its forward becomes down(silu_mul(gate(x), up(x))), the elementwise step one task per tile.
 Their linear layers (q, k, v, o, gate, up, down, the untied head) and RMSNorms describe themselves to the plan; what
 is the family's own is described here:
