@@ -62,3 +62,10 @@ def check_tile(value, name):
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int (got {value!r})")
     return value
+
+
+def fusion_enabled():
+    """Whether bf16 training fuses pointwise work into its neighbours (docs/fusion.md): on. NNTILE_FUSION=0 turns
+    every fusion off, for measuring a fusion against the unfused graph in one process and one build (benchmarks),
+    and for bisecting a numerical difference; read at each op, so a test can switch it."""
+    return os.environ.get("NNTILE_FUSION", "1").strip() not in ("0", "off", "false")
