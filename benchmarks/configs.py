@@ -1,9 +1,10 @@
 """Named model shapes for the benchmark harness, their exact parameter counts and model FLOPs per token.
 
 Each config names its family:
-  gpt2   a Hugging Face GPT2Config with tied embeddings (LM head = token embedding) and no dropout; n_positions is
-         max(1024, seq) (the tiny one: max(32, seq)), so the parameter count depends on seq only past that. The
-         nanoGPT-shaped model (benchmarks/models.py) has the same shapes with the vocab padded to a multiple of 64.
+  gpt2   a Hugging Face GPT2Config with tied embeddings (LM head = token embedding), dropout off unless asked;
+         n_positions is max(1024, seq) (the tiny one: max(32, seq)), so the parameter count depends on seq only past
+         that. The nanoGPT-shaped model (benchmarks/models.py) has the same shapes with the vocab padded to a multiple
+         of 64.
   llama  a Hugging Face LlamaConfig: RMSNorm, rotary position embeddings, grouped-query attention (kv_heads key/value
          heads), the gated MLP (gate, up, down: three matrices of hidden x mlp), no biases, an untied LM head.
   qwen2  a Hugging Face Qwen2Config: Llama's shape with biases on the q, k and v projections.
@@ -202,10 +203,11 @@ def model_flops_per_token(name, seq, model=None):
     return flops_per_token(params, s.layers, s.heads * s.head_dim, seq)
 
 
-def hf_config(name, seq, model=None):
+def hf_config(name, seq, model=None, dropout=0.0):
     """The transformers config for a named shape (imports transformers): gpt2's GPT2Config (model "hf-tanh": with
     activation_function="gelu_pytorch_tanh" instead of GPT-2's default gelu_new, the same function); llama's
-    LlamaConfig and qwen2's Qwen2Config, untied head, no dropout, no KV cache."""
+    LlamaConfig and qwen2's Qwen2Config, untied head, no KV cache. dropout: every dropout probability the config has
+    (GPT-2's attention, residual and embedding ones, HF's default 0.1 each; the Llama family's attention one)."""
     import transformers
     s = CONFIGS[name]
     if s.family != "gpt2":
@@ -213,11 +215,12 @@ def hf_config(name, seq, model=None):
         return cls(vocab_size=s.vocab, hidden_size=s.hidden, intermediate_size=s.mlp, num_hidden_layers=s.layers,
                    num_attention_heads=s.heads, num_key_value_heads=s.kv_heads,
                    max_position_embeddings=positions(name, seq), rms_norm_eps=s.norm_eps, rope_theta=s.rope_theta,
-                   attention_dropout=0.0, tie_word_embeddings=False, use_cache=False)
+                   attention_dropout=dropout, tie_word_embeddings=False, use_cache=False)
     extra = {"activation_function": "gelu_pytorch_tanh"} if model == "hf-tanh" else {}
     return transformers.GPT2Config(n_layer=s.layers, n_embd=s.hidden, n_head=s.heads, vocab_size=s.vocab,
-                                   n_positions=positions(name, seq), resid_pdrop=0.0, embd_pdrop=0.0,
-                                   attn_pdrop=0.0, tie_word_embeddings=True, use_cache=False,
+                                   n_positions=positions(name, seq), resid_pdrop=dropout,
+                                   embd_pdrop=dropout, attn_pdrop=dropout, tie_word_embeddings=True,
+                                   use_cache=False,
                                    bos_token_id=0, eos_token_id=0, **extra)
 
 

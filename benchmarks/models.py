@@ -49,21 +49,22 @@ def nanogpt_module():
     return sys.modules[name]
 
 
-def nanogpt_config(config, seq):
+def nanogpt_config(config, seq, dropout=0.0):
     s = CONFIGS[config]
     return nanogpt_module().GPTConfig(block_size=positions(config, seq), vocab_size=model_vocab(config, "nanogpt"),
-                                      n_layer=s.layers, n_head=s.heads, n_embd=s.hidden, dropout=0.0, bias=True)
+                                      n_layer=s.layers, n_head=s.heads, n_embd=s.hidden, dropout=dropout, bias=True)
 
 
-def build(model, config, seq):
+def build(model, config, seq, dropout=0.0):
     """The model of family `model` at shape `config`, on the current default device (torch.device(...) as a context
     manager: meta builds it without memory), in train mode, weights from the current torch seed. ValueError when
-    the model does not build that config's family."""
+    the model does not build that config's family. dropout: every dropout of the model (nanoGPT's one knob, GPT-2's
+    attention, residual and embedding dropouts, the Llama family's attention dropout)."""
     check_model(config, model)
     if model == "nanogpt":
-        net = nanogpt_module().GPT(nanogpt_config(config, seq))
+        net = nanogpt_module().GPT(nanogpt_config(config, seq, dropout))
     else:
-        net = hf_class(model)(hf_config(config, seq, model))
+        net = hf_class(model)(hf_config(config, seq, model, dropout))
     net.train()
     return net
 

@@ -417,7 +417,7 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
     """Runs one attempt in its own process (torchrun for the distributed backends) and returns its record."""
     model = a.get("model") or default_model(a["config"])
     name = (f"{a['backend']}_{a['variant']}_{'' if model == 'hf' else model + '_'}{a['config']}_{a['precision']}"
-            f"_b{args.batch}_s{args.seq}")
+            f"_b{args.batch}_s{args.seq}{f'_drop{args.dropout:g}' if args.dropout else ''}")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     log_path = os.path.join(logdir, f"{stamp}_{name}.log")
     params = param_count(a["config"], args.seq, model)
@@ -427,7 +427,7 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
     with tempfile.TemporaryDirectory(prefix="bench_") as tmp:
         spec = {"backend": a["backend"], "flags": [f for f in a["variant"].split("+") if f != "plain"],
                 "model": model, "config": a["config"], "precision": a["precision"], "batch": args.batch,
-                "seq": args.seq,
+                "seq": args.seq, "dropout": args.dropout,
                 "steps": args.steps, "warmup": args.warmup, "seed": args.seed, "data_pool": args.data_pool,
                 "max_warmup": args.max_warmup if a["mode"] == "throughput" else args.warmup,
                 "lr": args.lr, "weight_decay": 0.01, "params": params, "cpu": cpu_only,
@@ -456,7 +456,8 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
                "mlp": shape.mlp or 4 * shape.hidden, "vocab": model_vocab(a["config"], model),
                "flops_per_token": model_flops_per_token(a["config"], args.seq, model), "precision": a["precision"],
                "numerics": None, "gpus": 0 if cpu_only else world,
-               "batch": args.batch, "seq": args.seq, "steps": args.steps, "warmup": args.warmup, "mode": a["mode"],
+               "batch": args.batch, "seq": args.seq, "dropout": args.dropout, "steps": args.steps, "warmup": args.warmup,
+               "mode": a["mode"],
                "status": None, "reason": None, "tokens_per_s": None, "tflops": None, "mfu": None,
                "peak_tflops": peaks.get(a["precision"]), "step_s": None, "peak_gpu_bytes": None,
                "peak_host_bytes": None, "loss": None, "losses": None,
@@ -588,6 +589,9 @@ def parse_args(argv=None):
     ap.add_argument("--mode", default="throughput", choices=["throughput", "capacity"])
     ap.add_argument("--batch", type=int, default=8, help="global batch in sequences (default 8)")
     ap.add_argument("--seq", type=int, default=1024, help="sequence length (default 1024)")
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="every dropout of the model (GPT-2's attention, residual and embedding ones, Hugging Face's "
+                         "default 0.1; nanoGPT's dropout; the Llama family's attention dropout), default 0")
     ap.add_argument("--steps", type=int, default=5,
                     help="timed steps after warm-up; the median is reported (default 5)")
     ap.add_argument("--warmup", type=int, default=2,
@@ -656,6 +660,8 @@ def parse_args(argv=None):
             ap.error(f"--{k} must be positive (got {getattr(args, k)})")
     if args.warmup < 0:
         ap.error(f"--warmup must be >= 0 (got {args.warmup})")
+    if not 0.0 <= args.dropout < 1.0:
+        ap.error(f"--dropout must be in [0, 1) (got {args.dropout})")
     if args.max_warmup is None:
         args.max_warmup = args.warmup + 4
     elif args.max_warmup < args.warmup:

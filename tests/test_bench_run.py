@@ -732,3 +732,27 @@ def test_nvme_param_swap_buffers_hold_every_parameter():
             most = max(most, n)
         assert 8 <= most and most + 1 + 2 <= op["buffer_count"], (name, most)
     assert nvme_param_swap("2.7b", 1024)["offload_param"]["buffer_size"] == 50257 * 2560
+
+
+def test_dropout_reaches_every_family_and_the_attempt_name():
+    """--dropout sets every dropout of the model (HF GPT-2's three, nanoGPT's one knob, the Llama family's attention
+    one): a dropout benchmark that ran without dropout would compare a step with itself."""
+    import torch
+
+    from benchmarks import models
+    from benchmarks.configs import MODEL_FAMILY
+    tiny = {"gpt2": "tiny", "llama": "llama-tiny", "qwen2": "qwen2-tiny"}
+    for model in models.MODELS:
+        for p in (0.0, 0.15):
+            net = models.build(model, tiny[MODEL_FAMILY[model]], 32, dropout=p)
+            rates = {m.p for m in net.modules() if isinstance(m, torch.nn.Dropout)}
+            if model == "nanogpt":
+                assert net.config.dropout == p and rates == {p}, model
+            elif MODEL_FAMILY[model] == "gpt2":
+                c = net.config
+                assert (c.attn_pdrop, c.resid_pdrop, c.embd_pdrop) == (p, p, p) and rates == {p}, model
+            else:
+                assert net.config.attention_dropout == p, model
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.run", "--dropout", "1.0", "--dry-run"],
+                         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert bad.returncode == 2 and "--dropout must be in [0, 1)" in bad.stderr
