@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine (through the device tool): installs the StarPU prefix carried in .carry/starpu, builds
 # the extension against the machine's torch, then runs what is asked: tests, gputests, cpuadamw (the CPU AdamW
-# kernel), nodes (memory as StarPU sees it), gemm, submission, linear, ab (benchmarks), train (main job), mlp,
+# kernel), nodes (memory as StarPU sees it), gemm, submission, decode, linear, ab (benchmarks), train (main job), mlp,
 # profile, multigpu, bench (the harness, plans in BENCH_ARGS), generate (HF generate() tokens/s beside torch).
 # Logs go to $OUT.
 #   bash dev/gpu_machine/h200.sh tests gemm
@@ -134,6 +134,8 @@ for step in "$@"; do
     gemm) python3 -m benchmarks.gemm --out "$OUT/gemm.json" 2>&1 | tee "$OUT/gemm.log" | tail -30; rc=${PIPESTATUS[0]} ;;
     submission)  # the submitting thread's time per step of a 48-layer GPT-2 (kernels trivial): this machine's CPU
       python3 -m benchmarks.submission --out "$OUT/submission.json" 2>&1 | tail -1; rc=${PIPESTATUS[0]} ;;
+    decode)  # the submitting thread's time per generated token of a 48-layer GPT-2 (kernels trivial) beside torch
+      python3 -m benchmarks.decode_submission --out "$OUT/decode_submission.json" 2>&1 | tail -3; rc=${PIPESTATUS[0]} ;;
     linear) for prec in bf16 tf32; do
               python3 -m benchmarks.linear --precision $prec --out "$OUT/linear_$prec.json" 2>&1 | tee -a "$OUT/linear.log" | tail -3
             done; rc=${PIPESTATUS[0]} ;;
