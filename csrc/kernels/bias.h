@@ -17,6 +17,9 @@ void bias_grad_cpu(int64_t m, int64_t n, const float *dy, float beta, float *db)
 void bias_grad(const Where &w, int64_t m, int64_t n, const float *dy, float beta, float *db);
 #ifdef NNTILE_USE_CUDA
 void bias_add_cuda(cudaStream_t stream, int64_t m, int64_t n, const float *b, float *y);
+// db (n) = column sums of a row-major bfloat16 dy (m, n), in fp32, added to db's values when `accumulate`: the
+// bias gradient of a bf16 GEMM where cuBLASLt's epilogue cannot compute it. Deterministic (a fixed order).
+void bias_grad_bf16_cuda(cudaStream_t stream, int64_t m, int64_t n, const void *dy, bool accumulate, float *db);
 #endif
 
 }  // namespace nntile::kernels

@@ -9,7 +9,7 @@ namespace nntile::kernels {
 static at::ScalarType scalar_type(DType t) { return t == DType::f32 ? at::kFloat : at::kBFloat16; }
 
 void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void *b, DType tc, void *c,
-              Precision precision, const float *bias) {
+              Precision precision, const float *bias, const GemmBiasGrad &bias_grad) {
     auto opts = [](DType t) { return at::TensorOptions().dtype(scalar_type(t)).device(at::kCPU); };
     at::Tensor A = s.trans_a ? at::from_blob(const_cast<void *>(a), {s.k, s.m}, opts(ta)).t()
                              : at::from_blob(const_cast<void *>(a), {s.m, s.k}, opts(ta));
@@ -26,6 +26,18 @@ void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void 
     B = B.to(C.scalar_type());
     C.addmm_(A, B, s.beta, s.alpha);
     if (bias) bias_add_cpu(s.m, s.n, bias, static_cast<float *>(c));
+    if (bias_grad.out) {
+        // dy's stored tile (k, m or n), bf16 values summed in fp32
+        int64_t width = bias_grad.of_b ? s.n : s.m;
+        at::Tensor dy = at::from_blob(const_cast<void *>(bias_grad.of_b ? b : a), {s.k, width},
+                                      opts(bias_grad.of_b ? tb : ta))
+                            .to(at::kFloat);
+        at::Tensor out = at::from_blob(bias_grad.out, {width}, opts(DType::f32));
+        if (bias_grad.accumulate)
+            out.add_(dy.sum(0));
+        else
+            at::sum_out(out, dy, {0});
+    }
 }
 
 }  // namespace nntile::kernels
