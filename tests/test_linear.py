@@ -318,8 +318,9 @@ def test_gemm_bias_grad_bad_input_raises(device):
 @pytest.mark.parametrize("layout", ["linear", "conv1d"], ids=["nn.Linear", "Conv1D (w_in_out)"])
 def test_bf16_linear_fuses_its_bias_grad_into_the_dw_gemm(layout, monkeypatch, device):
     # bf16 with fusion on: the dW GEMM sums the bias gradient of the bf16 dy; no bias_grad task is left. dx and dW
-    # are the same as unfused; the bias gradient is float32 sums of the bf16 dy (unfused: of the float32 dy), each
-    # within float32 rounding of its own float64 reference. x (3, 11, 37) in row tiles of 8: 5 row tiles; 53
+    # are the same as unfused (on GPUs dW to the GEMM's rounding: cuBLASLt's kernel with the epilogue may sum in
+    # another order than cuBLAS's); the bias gradient is float32 sums of the bf16 dy (unfused: of the float32 dy),
+    # each within float32 rounding of its own float64 reference. x (3, 11, 37) in row tiles of 8: 5 row tiles; 53
     # outputs in 4 column tiles of 16.
     rows, n_tiles = 5, 4
     torch.manual_seed(13)
@@ -340,7 +341,11 @@ def test_bf16_linear_fuses_its_bias_grad_into_the_dw_gemm(layout, monkeypatch, d
             results[fusion] = [g.materialize().cpu() for g in grads]
         names[fusion] = [r["name"] for r in records]
     (dx1, dw1, db1), (dx0, dw0, db0) = results["1"], results["0"]
-    assert torch.equal(dx1, dx0) and torch.equal(dw1, dw0)
+    assert torch.equal(dx1, dx0)
+    if device == "cpu":
+        assert torch.equal(dw1, dw0)
+    else:
+        assert max_err(dw1, dw0) <= 1e-5 * dw0.abs().max().item()
     dy = gy.reshape(-1, 53).cpu()
     bound = dy.shape[0] * torch.finfo(torch.float32).eps * dy.abs().max().item()
     assert max_err(db1, dy.bfloat16().double().sum(0)) <= bound
