@@ -26,18 +26,9 @@ void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void 
     B = B.to(C.scalar_type());
     C.addmm_(A, B, s.beta, s.alpha);
     if (bias) bias_add_cpu(s.m, s.n, bias, static_cast<float *>(c));
-    if (bias_grad.out) {
-        // dy's stored tile (k, m or n), bf16 values summed in fp32
-        int64_t width = bias_grad.of_b ? s.n : s.m;
-        at::Tensor dy = at::from_blob(const_cast<void *>(bias_grad.of_b ? b : a), {s.k, width},
-                                      opts(bias_grad.of_b ? tb : ta))
-                            .to(at::kFloat);
-        at::Tensor out = at::from_blob(bias_grad.out, {width}, opts(DType::f32));
-        if (bias_grad.accumulate)
-            out.add_(dy.sum(0));
-        else
-            at::sum_out(out, dy, {0});
-    }
+    if (bias_grad.out)  // dy's stored tile is (k, m or n)
+        bias_grad_bf16(Where{}, s.k, bias_grad.of_b ? s.n : s.m, bias_grad.of_b ? b : a, bias_grad.accumulate,
+                       bias_grad.out);
 }
 
 }  // namespace nntile::kernels

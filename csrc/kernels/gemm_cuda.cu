@@ -190,7 +190,9 @@ void gemm_bias_grad_cuda(cublasHandle_t handle, cudaStream_t stream, const GemmS
     } else {
         // no algorithm for this shape: the GEMM, then the column sums of the same bf16 dy
         gemm_plain(handle, s, ta, a, tb, b, tc, c, compute);
-        bias_grad_bf16_cuda(stream, s.k, width, g.of_b ? b : a, g.accumulate, g.out);
+        int dev = -1;
+        NNTILE_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
+        bias_grad_bf16(Where{true, dev, stream}, s.k, width, g.of_b ? b : a, g.accumulate, g.out);
     }
     if (scratch) {
         cudaError_t err = cudaFreeAsync(scratch, stream);
