@@ -310,6 +310,9 @@ def test_gemm_bias_grad_bad_input_raises(device):
     with pytest.raises(RuntimeError, match="bfloat16 dy, a float32 bias gradient"):
         nt._C.gemm(True, dy.tiles, False, x.tiles, dw, 1.0, 0.0, "fp32", k_over_places=True,
                    bias_grad=nt._C.TileTensor([53], [16], "bfloat16", "db"))
+    with pytest.raises(RuntimeError, match="needs alpha 1"):
+        nt._C.gemm(True, dy.tiles, False, x.tiles, dw, 0.5, 0.0, "fp32", k_over_places=True,
+                   bias_grad=nt._C.TileTensor([53], [16], "float32", "db"))
     with pytest.raises(RuntimeError, match="bias_grad_of must be"):
         nt._C.gemm(True, dy.tiles, False, x.tiles, dw, 1.0, 0.0, "fp32", k_over_places=True,
                    bias_grad=nt._C.TileTensor([53], [16], "float32", "db"), bias_grad_of="c")

@@ -53,6 +53,8 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
         auto width = bias_grad_of_b ? n : m;
         DType tdy = bias_grad_of_b ? b.dtype() : a.dtype();
         NNTILE_CHECK(!bias, "gemm: a bias and a bias gradient in one GEMM");
+        // whether cuBLASLt's epilogue scales its vector by alpha is not documented: a dW GEMM's alpha is 1
+        NNTILE_CHECK(alpha == 1.f, "gemm: a bias gradient needs alpha 1 (got " << alpha << ")");
         NNTILE_CHECK(bias_grad_of_b ? !trans_b : trans_a,
                      "gemm: a bias gradient sums dy over K, stored (K, N): A transposed or B not (got trans_"
                          << (bias_grad_of_b ? "b true" : "a false") << ")");
