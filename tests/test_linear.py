@@ -267,8 +267,26 @@ def dyadic(*shape, limit):
     return torch.randint(1 - limit, limit, shape).float() / 64
 
 
-@pytest.mark.parametrize("of", ["a", "b"], ids=["dy=A (nn.Linear: dW = dy^T x)", "dy=B (Conv1D: dW = x^T dy)"])
+BIAS_GRAD_OF = pytest.mark.parametrize("of", ["a", "b"], ids=["dy=A (nn.Linear: dW = dy^T x)",
+                                                               "dy=B (Conv1D: dW = x^T dy)"])
+
+
+@BIAS_GRAD_OF
 def test_gemm_sums_the_bias_grad_of_its_bf16_dy(of, device):
+    check_gemm_bias_grad(of, device)
+
+
+@BIAS_GRAD_OF
+@pytest.mark.cuda
+@pytest.mark.skipif(not (torch.cuda.is_available() and nt._C.built_with_cuda),
+                    reason="requires CUDA (a GPU and a CUDA build)")
+def test_gemm_bias_grad_without_the_cublaslt_epilogue(of, monkeypatch):
+    # the path of shapes cuBLASLt has no bias-gradient algorithm for: the GEMM, then ATen's sums of the bf16 dy
+    monkeypatch.setenv("NNTILE_BGRAD_EPILOGUE", "0")
+    check_gemm_bias_grad(of, "cuda")
+
+
+def check_gemm_bias_grad(of, device):
     # A Linear's dW GEMM with the bias gradient fused: dy (37, 53) in 5 x 4 tiles (the GEMM's K over 5 row tiles,
     # none of the sizes a multiple of its tile), x (37, 29) in 5 x 2. The bias gradient is float32 sums of the
     # bf16 dy: exactly so on data whose sums are exact, and to float32 rounding on random data.

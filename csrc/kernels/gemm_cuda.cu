@@ -8,6 +8,8 @@
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <tuple>
 
@@ -163,6 +165,13 @@ void gemm_plain(cublasHandle_t handle, const GemmShape &s, DType ta, const void 
                                                                                   << " n=" << s.n << " k=" << s.k);
 }
 
+// NNTILE_BGRAD_EPILOGUE=0 takes the path for shapes without a cuBLASLt algorithm, so that a GPU can test it and
+// measure it beside the epilogue.
+bool bias_grad_epilogue_allowed() {
+    const char *v = std::getenv("NNTILE_BGRAD_EPILOGUE");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 // The GEMM with the bias gradient of its input dy. Our B is cuBLAS's A and our A its B, so dy = our B is BGRADA
 // (a vector over D's rows: our n) and dy = our A is BGRADB (over D's columns: our m). The epilogue writes its
 // vector: with `accumulate`, into a stream-ordered temporary then added to the output.
@@ -181,7 +190,9 @@ void gemm_bias_grad_cuda(cublasHandle_t handle, cudaStream_t stream, const GemmS
     LtThread &t = lt_thread(s);
     cublasLtEpilogue_t epilogue = g.of_b ? CUBLASLT_EPILOGUE_BGRADA : CUBLASLT_EPILOGUE_BGRADB;
     // the epilogue's vector: 16-byte aligned (as the bias's; StarPU's tiles and the temporary are)
-    const LtPlan *p = alignment(vec) >= 16 ? &lt_plan(t, s, ta, a, tb, b, tc, c, compute, epilogue, vec) : nullptr;
+    const LtPlan *p = alignment(vec) >= 16 && bias_grad_epilogue_allowed()
+                          ? &lt_plan(t, s, ta, a, tb, b, tc, c, compute, epilogue, vec)
+                          : nullptr;
     if (p && p->ok) {
         NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof(vec)));
         NNTILE_LT_CHECK(cublasLtMatmul(t.handle, p->desc, &s.alpha, b, p->a, a, p->b, &s.beta, c, p->c, c, p->c,
