@@ -218,10 +218,11 @@ class LinearFunction(torch.autograd.Function):
             g = tiles_like(x2, name="linear.dx")
             _C.gemm(False, dyc, io, wc, g, 1.0, 0.0, mode, a_source=source)
             dx = TileTensor(g, ctx.x_shape, ctx.x_device)
-        gb = new_tiles([n], [n_tile], name="linear.db") if ctx.has_bias and ctx.needs_input_grad[2] else None
+        want_db = ctx.has_bias and ctx.needs_input_grad[2]
         # the dW GEMM sums the bias gradient from the bf16 dy it reads (docs/fusion.md, pair 5)
-        fused = (gb is not None and ctx.needs_input_grad[1] and ctx.precision == "bf16"
+        fused = (want_db and ctx.needs_input_grad[1] and ctx.precision == "bf16"
                  and dtype_of(dyc) == torch.bfloat16 and config.fusion_enabled())
+        gb = new_tiles([n], [n_tile], name="linear.db") if fused else None
         if ctx.needs_input_grad[1]:  # dW = dy^T x (N, K) or x^T dy (K, N)
             g = tiles_like(wt, name="linear.dw")
             bias_grad = dict(bias_grad=gb, bias_grad_of="b" if io else "a") if fused else {}
@@ -230,8 +231,9 @@ class LinearFunction(torch.autograd.Function):
             else:
                 _C.gemm(True, dyc, False, x2, g, 1.0, 0.0, mode, k_over_places=True, **bias_grad)
             dw = TileTensor(g, wt.shape, ctx.saved_device)
-        if gb is not None:
+        if want_db:
             if not fused:
+                gb = new_tiles([n], [n_tile], name="linear.db")
                 _C.bias_grad(dy2, gb, 0.0)
             db = TileTensor(gb, [n], ctx.saved_device)
         return dx, dw, db, None, None, None
