@@ -166,7 +166,9 @@ class LinearFunction(torch.autograd.Function):
 
     precision "bf16": the matmuls read bf16 tiles (x, dy, and a bf16 copy of the weight kept per weight version)
     and accumulate into fp32 tiles; x is kept for backward in bf16, as autocast does. "fp32"/"tf32": fp32 tiles,
-    tf32 rounding done by cuBLAS.
+    tf32 rounding done by cuBLAS. With fusion on (config.fusion_enabled()), a bf16 Linear's bias gradient is
+    summed by its dW GEMM from the bf16 dy it reads (fp32 sums, as autocast sums its bf16 gradient; cuBLASLt's
+    epilogue on GPUs) instead of by tasks of its own over the fp32 dy.
     """
 
     @staticmethod
@@ -216,17 +218,24 @@ class LinearFunction(torch.autograd.Function):
             g = tiles_like(x2, name="linear.dx")
             _C.gemm(False, dyc, io, wc, g, 1.0, 0.0, mode, a_source=source)
             dx = TileTensor(g, ctx.x_shape, ctx.x_device)
+        want_db = ctx.has_bias and ctx.needs_input_grad[2]
+        # the dW GEMM sums the bias gradient from the bf16 dy it reads (docs/fusion.md, pair 5)
+        fused = (want_db and ctx.needs_input_grad[1] and ctx.precision == "bf16"
+                 and dtype_of(dyc) == torch.bfloat16 and config.fusion_enabled())
+        gb = new_tiles([n], [n_tile], name="linear.db") if fused else None
         if ctx.needs_input_grad[1]:  # dW = dy^T x (N, K) or x^T dy (K, N)
             g = tiles_like(wt, name="linear.dw")
+            bias_grad = dict(bias_grad=gb, bias_grad_of="b" if io else "a") if fused else {}
             if io:
-                _C.gemm(True, x2, False, dyc, g, 1.0, 0.0, mode, k_over_places=True)
+                _C.gemm(True, x2, False, dyc, g, 1.0, 0.0, mode, k_over_places=True, **bias_grad)
             else:
-                _C.gemm(True, dyc, False, x2, g, 1.0, 0.0, mode, k_over_places=True)
+                _C.gemm(True, dyc, False, x2, g, 1.0, 0.0, mode, k_over_places=True, **bias_grad)
             dw = TileTensor(g, wt.shape, ctx.saved_device)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            g = new_tiles([n], [n_tile], name="linear.db")
-            _C.bias_grad(dy2, g, 0.0)
-            db = TileTensor(g, [n], ctx.saved_device)
+        if want_db:
+            if not fused:
+                gb = new_tiles([n], [n_tile], name="linear.db")
+                _C.bias_grad(dy2, gb, 0.0)
+            db = TileTensor(gb, [n], ctx.saved_device)
         return dx, dw, db, None, None, None
 
 

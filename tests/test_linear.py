@@ -259,3 +259,118 @@ def test_bf16_weight_copy_follows_updates(device):
         ref.load_state_dict(ours.state_dict())
     assert max_err(ours.weight, ref.weight) == 0
     assert max_err(ours(x), expected(ref)) < 1e-5
+
+
+def dyadic(*shape, limit):
+    """Integers in (-limit, limit) over 64, exact in bf16 (limit <= 256): sums and dot products of a few dozen of
+    them are exact in float32, whatever the order of the additions."""
+    return torch.randint(1 - limit, limit, shape).float() / 64
+
+
+BIAS_GRAD_OF = pytest.mark.parametrize("of", ["a", "b"], ids=["dy=A (nn.Linear: dW = dy^T x)",
+                                                               "dy=B (Conv1D: dW = x^T dy)"])
+
+
+@BIAS_GRAD_OF
+def test_gemm_sums_the_bias_grad_of_its_bf16_dy(of, device):
+    check_gemm_bias_grad(of, device)
+
+
+@BIAS_GRAD_OF
+@pytest.mark.cuda
+@pytest.mark.skipif(not (torch.cuda.is_available() and nt._C.built_with_cuda),
+                    reason="requires CUDA (a GPU and a CUDA build)")
+def test_gemm_bias_grad_without_the_cublaslt_epilogue(of, monkeypatch):
+    # the path of shapes cuBLASLt has no bias-gradient algorithm for: the GEMM, then ATen's sums of the bf16 dy
+    monkeypatch.setenv("NNTILE_BGRAD_EPILOGUE", "0")
+    check_gemm_bias_grad(of, "cuda")
+
+
+def check_gemm_bias_grad(of, device):
+    # A Linear's dW GEMM with the bias gradient fused: dy (37, 53) in 5 x 4 tiles (the GEMM's K over 5 row tiles,
+    # none of the sizes a multiple of its tile), x (37, 29) in 5 x 2. The bias gradient is float32 sums of the
+    # bf16 dy: exactly so on data whose sums are exact, and to float32 rounding on random data.
+    rows, n, k_in, bt, t = 37, 53, 29, 8, 16
+    torch.manual_seed(5)
+    for exact, dy, x in ((True, dyadic(rows, n, limit=256), dyadic(rows, k_in, limit=8)),
+                         (False, torch.randn(rows, n), torch.randn(rows, k_in))):
+        dy, x = dy.bfloat16(), x.bfloat16()
+        dyt = nt.TileTensor.from_dense(dy.to(device), (bt, t))
+        xt = nt.TileTensor.from_dense(x.to(device), (bt, t))
+        db = nt._C.TileTensor([n], [t], "float32", "db")
+        if of == "a":
+            dw = nt._C.TileTensor([n, k_in], [t, t], "float32", "dw")
+            nt._C.gemm(True, dyt.tiles, False, xt.tiles, dw, 1.0, 0.0, "fp32", k_over_places=True, bias_grad=db,
+                       bias_grad_of="a")
+            dw_ref = dy.double().t() @ x.double()
+        else:
+            dw = nt._C.TileTensor([k_in, n], [t, t], "float32", "dw")
+            nt._C.gemm(True, xt.tiles, False, dyt.tiles, dw, 1.0, 0.0, "fp32", k_over_places=True, bias_grad=db,
+                       bias_grad_of="b")
+            dw_ref = x.double().t() @ dy.double()
+        db_ref = dy.double().sum(0)
+        if exact:
+            assert torch.equal(db.to_dense().cpu(), db_ref.float())
+            assert torch.equal(dw.to_dense().cpu(), dw_ref.float())
+        else:
+            bound = rows * torch.finfo(torch.float32).eps * dy.float().abs().max().item()
+            assert max_err(db.to_dense(), db_ref) <= bound
+            assert max_err(dw.to_dense(), dw_ref) < 1e-4 * dw_ref.abs().max().item()
+
+
+def test_gemm_bias_grad_bad_input_raises(device):
+    dy = nt.TileTensor.from_dense(torch.randn(37, 53, device=device).bfloat16(), (8, 16))
+    x = nt.TileTensor.from_dense(torch.randn(37, 29, device=device).bfloat16(), (8, 16))
+    dw = nt._C.TileTensor([53, 29], [16, 16], "float32", "dw")
+    with pytest.raises(RuntimeError, match="bias gradient must be"):
+        nt._C.gemm(True, dy.tiles, False, x.tiles, dw, 1.0, 0.0, "fp32", k_over_places=True,
+                   bias_grad=nt._C.TileTensor([53], [8], "float32", "db"))
+    with pytest.raises(RuntimeError, match="bfloat16 dy, a float32 bias gradient"):
+        nt._C.gemm(True, dy.tiles, False, x.tiles, dw, 1.0, 0.0, "fp32", k_over_places=True,
+                   bias_grad=nt._C.TileTensor([53], [16], "bfloat16", "db"))
+    with pytest.raises(RuntimeError, match="needs alpha 1"):
+        nt._C.gemm(True, dy.tiles, False, x.tiles, dw, 0.5, 0.0, "fp32", k_over_places=True,
+                   bias_grad=nt._C.TileTensor([53], [16], "float32", "db"))
+    with pytest.raises(RuntimeError, match="bias_grad_of must be"):
+        nt._C.gemm(True, dy.tiles, False, x.tiles, dw, 1.0, 0.0, "fp32", k_over_places=True,
+                   bias_grad=nt._C.TileTensor([53], [16], "float32", "db"), bias_grad_of="c")
+
+
+@pytest.mark.parametrize("layout", ["linear", "conv1d"], ids=["nn.Linear", "Conv1D (w_in_out)"])
+def test_bf16_linear_fuses_its_bias_grad_into_the_dw_gemm(layout, monkeypatch, device):
+    # bf16 with fusion on: the dW GEMM sums the bias gradient of the bf16 dy; no bias_grad task is left. dx and dW
+    # are the same as unfused (on GPUs dW to the GEMM's rounding: cuBLASLt's kernel with the epilogue may sum in
+    # another order than cuBLAS's); the bias gradient is float32 sums of the bf16 dy (unfused: of the float32 dy),
+    # each within float32 rounding of its own float64 reference. x (3, 11, 37) in row tiles of 8: 5 row tiles; 53
+    # outputs in 4 column tiles of 16.
+    rows, n_tiles = 5, 4
+    torch.manual_seed(13)
+    x, gy = torch.randn(3, 11, 37, device=device), torch.randn(3, 11, 53, device=device)
+    results, names = {}, {}
+    for fusion in ("1", "0"):
+        monkeypatch.setenv("NNTILE_FUSION", fusion)
+        torch.manual_seed(1234)
+        if layout == "linear":
+            ours = nt.nn.Linear(37, 53, device=device, tile_size=16, batch_tile_size=8, precision="bf16")
+        else:
+            ours = nt.nn.Conv1D(53, 37, device=device, tile_size=16, batch_tile_size=8, precision="bf16")
+            with torch.no_grad():
+                ours.bias.copy_(torch.randn(53))
+        nt.param_state(ours.weight).weight_bf16()  # the weight's own bf16 copy, made once per version: not counted
+        with nt.task_trace() as records:
+            y, grads = run(ours, x, gy)
+            results[fusion] = [g.materialize().cpu() for g in grads]
+        names[fusion] = [r["name"] for r in records]
+    (dx1, dw1, db1), (dx0, dw0, db0) = results["1"], results["0"]
+    assert torch.equal(dx1, dx0)
+    if device == "cpu":
+        assert torch.equal(dw1, dw0)
+    else:
+        assert max_err(dw1, dw0) <= 1e-5 * dw0.abs().max().item()
+    dy = gy.reshape(-1, 53).cpu()
+    bound = dy.shape[0] * torch.finfo(torch.float32).eps * dy.abs().max().item()
+    assert max_err(db1, dy.bfloat16().double().sum(0)) <= bound
+    assert max_err(db0, dy.double().sum(0)) <= bound
+    assert names["1"].count("bias_grad") == 0 and names["0"].count("bias_grad") == rows * n_tiles
+    assert names["1"].count("gemm+bias_grad") == rows * n_tiles
+    assert len(names["1"]) == len(names["0"]) - rows * n_tiles

@@ -66,6 +66,32 @@ def test_places_match_one_place_to_float32_rounding():
     assert l1[-1] < l1[0]
 
 
+@pytest.mark.parametrize("rows", [37, 13], ids=["K over 5 row tiles", "K over 2 row tiles (fewer than places)"])
+def test_fused_bias_grad_is_split_over_places_as_the_weight_grad(rows):
+    # A bf16 Linear's dW GEMM with its bias gradient (nn.Linear's layout, dy = A, and Conv1D's, dy = B) over 3
+    # places: each place sums its row tiles into partial tiles, added in place order, bias gradient included. On
+    # data whose sums are exact in float32 the results equal the float64 reference, whatever the order.
+    nt.shutdown()
+    nt.init(ncpus=2, ncuda=0, places=3)
+    try:
+        torch.manual_seed(2)
+        dy = (torch.randint(-255, 256, (rows, 53)).float() / 64).bfloat16()
+        x = (torch.randint(-7, 8, (rows, 29)).float() / 64).bfloat16()
+        dyt, xt = nt.TileTensor.from_dense(dy, (8, 16)), nt.TileTensor.from_dense(x, (8, 16))
+        for of in ("a", "b"):
+            db = nt._C.TileTensor([53], [16], "float32", "db")
+            shape = [53, 29] if of == "a" else [29, 53]
+            dw = nt._C.TileTensor(shape, [16, 16], "float32", "dw")
+            a, b = (dyt, xt) if of == "a" else (xt, dyt)
+            nt._C.gemm(True, a.tiles, False, b.tiles, dw, 1.0, 0.0, "fp32", k_over_places=True, bias_grad=db,
+                       bias_grad_of=of)
+            ref = dy.double().t() @ x.double() if of == "a" else x.double().t() @ dy.double()
+            assert torch.equal(dw.to_dense(), ref.float()), of
+            assert torch.equal(db.to_dense(), dy.double().sum(0).float()), of
+    finally:
+        nt.shutdown()
+
+
 def test_default_rows_per_tile_and_number_of_places():
     from nntile_torch.config import rows_per_tile
     assert rows_per_tile(8, 1024, cuda=True, places=1) == 8192  # the whole batch in one tile on one GPU

@@ -14,11 +14,13 @@ namespace nntile::codelets {
 
 // C = alpha op(A) op(B) + beta C (+ bias, float32 (n), on every row) over one tile triple; C is written without being
 // read when beta == 0. With a_source, the task first writes A's tile (a_elements values of type ta) from that
-// float32 tile.
+// float32 tile. With bias_grad (float32), the task also writes (bias_grad_beta 0) or adds to it (1) the column sums
+// of dy, its bf16 input A (stored (k, m)) or B when bias_grad_of_b (stored (k, n)): kernels::GemmBiasGrad.
 void submit_gemm(const kernels::GemmShape &s, Precision precision, DType ta, starpu_data_handle_t a, DType tb,
                  starpu_data_handle_t b, DType tc, starpu_data_handle_t c, int priority = 0,
                  starpu_data_handle_t bias = nullptr, starpu_data_handle_t a_source = nullptr,
-                 int64_t a_elements = 0);
+                 int64_t a_elements = 0, starpu_data_handle_t bias_grad = nullptr, bool bias_grad_of_b = false,
+                 float bias_grad_beta = 0.f);
 // db = beta * db + column sums of dy (m, n).
 void submit_bias_grad(int64_t m, int64_t n, starpu_data_handle_t dy, float beta, starpu_data_handle_t db);
 // y = alpha x + beta y over n values (y only written when beta == 0).

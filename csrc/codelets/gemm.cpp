@@ -15,6 +15,10 @@ struct GemmArgs {
     Precision precision;
     DType ta, tb, tc;
     bool bias;  // a buffer after C: float32 bias (n,) added to every row of C
+    // a buffer after C: float32 bias gradient, the column sums of dy = A (of_b false) or B (kernels::GemmBiasGrad),
+    // written (bias_grad_beta 0) or accumulated (1: the next row tiles of dy)
+    bool bias_grad, bias_grad_of_b;
+    float bias_grad_beta;
     // A's tile is first written by this task from a float32 source tile of a_elements values (the first buffer;
     // A, B, C, bias follow): the cast of a matmul input to bf16 rides with the first GEMM that reads it, instead of
     // being a task of its own between its producer and this GEMM.
@@ -22,11 +26,12 @@ struct GemmArgs {
     int64_t a_elements;
 };
 
-// The buffers in the order the task was given them: (a_source,) a, b, c, (bias).
+// The buffers in the order the task was given them: (a_source,) a, b, c, (bias or bias_grad).
 struct GemmBuffers {
     const float *a_source = nullptr;
     void *a, *b, *c;
     const float *bias = nullptr;
+    kernels::GemmBiasGrad bias_grad;
 };
 
 GemmBuffers buffers_of(void *buffers[], const GemmArgs *a) {
@@ -37,6 +42,8 @@ GemmBuffers buffers_of(void *buffers[], const GemmArgs *a) {
     g.b = (void *)STARPU_VECTOR_GET_PTR(buffers[i++]);
     g.c = (void *)STARPU_VECTOR_GET_PTR(buffers[i++]);
     if (a->bias) g.bias = (const float *)STARPU_VECTOR_GET_PTR(buffers[i]);
+    if (a->bias_grad)
+        g.bias_grad = {(float *)STARPU_VECTOR_GET_PTR(buffers[i]), a->bias_grad_of_b, a->bias_grad_beta != 0.f};
     return g;
 }
 
@@ -44,7 +51,7 @@ void gemm_cpu_func(void *buffers[], void *cl_arg) {
     auto *a = static_cast<GemmArgs *>(cl_arg);
     auto g = buffers_of(buffers, a);
     if (a->cast_a) kernels::convert_cpu(a->a_elements, DType::f32, g.a_source, a->ta, g.a);
-    kernels::gemm_cpu(a->shape, a->ta, g.a, a->tb, g.b, a->tc, g.c, a->precision, g.bias);
+    kernels::gemm_cpu(a->shape, a->ta, g.a, a->tb, g.b, a->tc, g.c, a->precision, g.bias, g.bias_grad);
 }
 
 #ifdef NNTILE_USE_CUDA
@@ -60,7 +67,7 @@ void gemm_cuda_func(void *buffers[], void *cl_arg) {
     if (a->cast_a)
         kernels::convert_cuda(starpu_cuda_get_local_stream(), a->a_elements, DType::f32, g.a_source, a->ta, g.a);
     kernels::gemm_cuda(handle, starpu_cuda_get_local_stream(), a->shape, a->ta, g.a, a->tb, g.b, a->tc, g.c,
-                       a->precision, g.bias);
+                       a->precision, g.bias, g.bias_grad);
 }
 #else
 constexpr starpu_cuda_func_t gemm_cuda_func = nullptr;
@@ -69,7 +76,8 @@ constexpr starpu_cuda_func_t gemm_cuda_func = nullptr;
 uint32_t gemm_footprint(starpu_task *task) {
     const auto &a = args_of<GemmArgs>(task);
     return hash_ints({a.shape.m, a.shape.n, a.shape.k, a.shape.trans_a, a.shape.trans_b, (int64_t)a.precision,
-                      (int64_t)a.ta, (int64_t)a.tb, (int64_t)a.tc, a.shape.beta == 0.f, a.bias, a.cast_a});
+                      (int64_t)a.ta, (int64_t)a.tb, (int64_t)a.tc, a.shape.beta == 0.f, a.bias, a.cast_a,
+                      a.bias_grad, a.bias_grad_of_b});
 }
 
 starpu_codelet *cl_gemm() {
@@ -81,8 +89,11 @@ starpu_codelet *cl_gemm() {
 
 void submit_gemm(const kernels::GemmShape &s, Precision precision, DType ta, starpu_data_handle_t a, DType tb,
                  starpu_data_handle_t b, DType tc, starpu_data_handle_t c, int priority, starpu_data_handle_t bias,
-                 starpu_data_handle_t a_source, int64_t a_elements) {
-    auto *args = cl_args(GemmArgs{s, precision, ta, tb, tc, bias != nullptr, a_source != nullptr, a_elements});
+                 starpu_data_handle_t a_source, int64_t a_elements, starpu_data_handle_t bias_grad,
+                 bool bias_grad_of_b, float bias_grad_beta) {
+    NNTILE_CHECK(!(bias && bias_grad), "submit_gemm: a bias and a bias gradient in one task");
+    auto *args = cl_args(GemmArgs{s, precision, ta, tb, tc, bias != nullptr, bias_grad != nullptr, bias_grad_of_b,
+                                  bias_grad_beta, a_source != nullptr, a_elements});
     double flops = 2.0 * s.m * s.n * s.k;
     starpu_data_access_mode c_mode = s.beta == 0.f ? STARPU_W : STARPU_RW;
     starpu_data_descr descr[5];
@@ -92,7 +103,9 @@ void submit_gemm(const kernels::GemmShape &s, Precision precision, DType ta, sta
     descr[nb++] = {b, STARPU_R};
     descr[nb++] = {c, c_mode};
     if (bias) descr[nb++] = {bias, STARPU_R};
+    if (bias_grad) descr[nb++] = {bias_grad, bias_grad_beta == 0.f ? STARPU_W : STARPU_RW};
     const char *name = a_source ? (bias ? "cast+gemm+bias" : "cast+gemm") : (bias ? "gemm+bias" : "gemm");
+    if (bias_grad) name = a_source ? "cast+gemm+bias_grad" : "gemm+bias_grad";
     NNTILE_STARPU_CHECK(NNTILE_TASK_INSERT(cl_gemm(), STARPU_DATA_MODE_ARRAY, descr, nb, STARPU_CL_ARGS, args,
                                            sizeof(GemmArgs), STARPU_FLOPS, flops, STARPU_PRIORITY, priority,
                                            STARPU_NAME, name, 0),

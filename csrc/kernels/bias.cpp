@@ -36,4 +36,14 @@ void bias_grad(const Where &w, int64_t m, int64_t n, const float *dy, float beta
     out.add_(sum);
 }
 
+void bias_grad_bf16(const Where &w, int64_t m, int64_t n, const void *dy, bool accumulate, float *db) {
+    // ATen's column reduction (as bias_grad's), reading the bf16 values and summing in fp32
+    StreamScope scope(w);
+    auto out = wrap(db, {n}, w), grad = wrap(dy, {m, n}, w, at::kBFloat16);
+    if (accumulate)
+        out.add_(grad.sum(0, false, at::kFloat));
+    else
+        at::sum_out(out, grad, {0}, false, at::kFloat);
+}
+
 }  // namespace nntile::kernels

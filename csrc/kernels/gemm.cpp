@@ -9,7 +9,7 @@ namespace nntile::kernels {
 static at::ScalarType scalar_type(DType t) { return t == DType::f32 ? at::kFloat : at::kBFloat16; }
 
 void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void *b, DType tc, void *c,
-              Precision precision, const float *bias) {
+              Precision precision, const float *bias, const GemmBiasGrad &bias_grad) {
     auto opts = [](DType t) { return at::TensorOptions().dtype(scalar_type(t)).device(at::kCPU); };
     at::Tensor A = s.trans_a ? at::from_blob(const_cast<void *>(a), {s.k, s.m}, opts(ta)).t()
                              : at::from_blob(const_cast<void *>(a), {s.m, s.k}, opts(ta));
@@ -26,6 +26,9 @@ void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void 
     B = B.to(C.scalar_type());
     C.addmm_(A, B, s.beta, s.alpha);
     if (bias) bias_add_cpu(s.m, s.n, bias, static_cast<float *>(c));
+    if (bias_grad.out)  // dy's stored tile is (k, m or n)
+        bias_grad_bf16(Where{}, s.k, bias_grad.of_b ? s.n : s.m, bias_grad.of_b ? b : a, bias_grad.accumulate,
+                       bias_grad.out);
 }
 
 }  // namespace nntile::kernels

@@ -17,13 +17,25 @@ struct GemmShape {
     float alpha, beta;
 };
 
+// A bias gradient the GEMM computes from the input it reads anyway (a Linear's dW GEMM reads dy): dy is A, stored
+// (k, m), when of_b is false (trans_a), or B, stored (k, n), when of_b (not trans_b); bfloat16. `out` (m or n
+// fp32 values) gets dy's column sums (the sum over the GEMM's k) accumulated in fp32, as torch's bf16 autocast
+// sums a bf16 gradient: written, or added to what `out` holds when `accumulate` (the next row tiles of dy). On
+// GPUs cuBLASLt's BGRADA/BGRADB epilogue, else a column-sum kernel after the GEMM.
+struct GemmBiasGrad {
+    float *out = nullptr;
+    bool of_b = false;
+    bool accumulate = false;
+};
+
 void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void *b, DType tc, void *c,
-              Precision precision, const float *bias = nullptr);
+              Precision precision, const float *bias = nullptr, const GemmBiasGrad &bias_grad = {});
 
 #ifdef NNTILE_USE_CUDA
 // Runs on the stream already set on `handle` (`stream`: the same one, for cuBLASLt, which the bias needs).
 void gemm_cuda(cublasHandle_t handle, cudaStream_t stream, const GemmShape &s, DType ta, const void *a, DType tb,
-               const void *b, DType tc, void *c, Precision precision, const float *bias = nullptr);
+               const void *b, DType tc, void *c, Precision precision, const float *bias = nullptr,
+               const GemmBiasGrad &bias_grad = {});
 #endif
 
 }  // namespace nntile::kernels

@@ -1,11 +1,15 @@
 // CUDA tile GEMM through cuBLAS; row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T. With a bias,
-// cuBLASLt adds it in the GEMM's epilogue (a Linear's forward: one kernel instead of a GEMM and a bias pass).
+// cuBLASLt adds it in the GEMM's epilogue (a Linear's forward: one kernel instead of a GEMM and a bias pass); with
+// a bias gradient, cuBLASLt's epilogue sums dy while the GEMM reads it (a Linear's dW GEMM).
+#include "add.h"
 #include "bias.h"
 #include "gemm.h"
 
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <tuple>
 
@@ -46,7 +50,8 @@ struct LtPlan {
 struct LtThread {
     cublasLtHandle_t handle = nullptr;
     void *workspace = nullptr;
-    std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, int, int>, LtPlan> plans;
+    std::map<std::tuple<int64_t, int64_t, int64_t, bool, bool, int, int, int, int, int, int, int, int, int>, LtPlan>
+        plans;
     LtThread() = default;
     LtThread(const LtThread &) = delete;
     LtThread &operator=(const LtThread &) = delete;
@@ -86,12 +91,15 @@ int alignment(const void *p) {
     return a;
 }
 
+// epilogue: CUBLASLT_EPILOGUE_BIAS (the bias pointer is set per call), or BGRADA / BGRADB with the bias gradient
+// vector `vec`, whose alignment the heuristic reads from the pointer set on the descriptor.
 const LtPlan &lt_plan(LtThread &t, const GemmShape &s, DType ta, const void *a, DType tb, const void *b, DType tc,
-                      const void *c, cublasComputeType_t compute) {
+                      const void *c, cublasComputeType_t compute, cublasLtEpilogue_t epilogue,
+                      const void *vec = nullptr) {
     // cuBLAS's A is our b, its B our a
-    int align_a = alignment(b), align_b = alignment(a), align_c = alignment(c);
+    int align_a = alignment(b), align_b = alignment(a), align_c = alignment(c), align_vec = vec ? alignment(vec) : 0;
     auto key = std::make_tuple(s.m, s.n, s.k, s.trans_a, s.trans_b, (int)ta, (int)tb, (int)tc, (int)compute, align_a,
-                               align_b, align_c);
+                               align_b, align_c, (int)epilogue, align_vec);
     auto it = t.plans.find(key);
     if (it != t.plans.end()) return it->second;
     LtPlan p;
@@ -100,8 +108,14 @@ const LtPlan &lt_plan(LtThread &t, const GemmShape &s, DType ta, const void *a, 
     NNTILE_LT_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
     NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;  // a float32 bias: D's type (the default)
+    // the vector (bias or bias gradient) is float32, C's and D's type: the default for a bias, set for a gradient
     NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+    if (epilogue != CUBLASLT_EPILOGUE_BIAS) {
+        int32_t vec_type = CUDA_R_32F;
+        NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vec_type,
+                                                       sizeof(vec_type)));
+        NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof(vec)));
+    }
     // Stored (column-major) shapes: rows, columns, leading dimension.
     if (s.trans_b)
         NNTILE_LT_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(tb), s.k, s.n, s.k));
@@ -137,18 +151,10 @@ const LtPlan &lt_plan(LtThread &t, const GemmShape &s, DType ta, const void *a, 
 
 }  // namespace
 
-void gemm_cuda(cublasHandle_t handle, cudaStream_t stream, const GemmShape &s, DType ta, const void *a, DType tb,
-               const void *b, DType tc, void *c, Precision precision, const float *bias) {
-    cublasComputeType_t compute = compute_type(ta, tb, precision);
-    LtThread *t = bias ? &lt_thread(s) : nullptr;
-    const LtPlan *p = bias ? &lt_plan(*t, s, ta, a, tb, b, tc, c, compute) : nullptr;
-    if (p && p->ok && alignment(bias) >= 16) {
-        NNTILE_LT_CHECK(
-            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-        NNTILE_LT_CHECK(cublasLtMatmul(t->handle, p->desc, &s.alpha, b, p->a, a, p->b, &s.beta, c, p->c, c, p->c,
-                                       &p->algo, t->workspace, kLtWorkspaceBytes, stream));
-        return;
-    }
+namespace {
+
+void gemm_plain(cublasHandle_t handle, const GemmShape &s, DType ta, const void *a, DType tb, const void *b, DType tc,
+                void *c, cublasComputeType_t compute) {
     int64_t lda = s.trans_a ? s.m : s.k;
     int64_t ldb = s.trans_b ? s.k : s.n;
     cublasStatus_t st = cublasGemmEx(
@@ -157,6 +163,78 @@ void gemm_cuda(cublasHandle_t handle, cudaStream_t stream, const GemmShape &s, D
         (int)s.n, compute, CUBLAS_GEMM_DEFAULT);
     NNTILE_CHECK(st == CUBLAS_STATUS_SUCCESS, "cublasGemmEx failed with status " << (int)st << " for m=" << s.m
                                                                                   << " n=" << s.n << " k=" << s.k);
+}
+
+// NNTILE_BGRAD_EPILOGUE=0 takes the path for shapes without a cuBLASLt algorithm, so that a GPU can test it and
+// measure it beside the epilogue.
+bool bias_grad_epilogue_allowed() {
+    const char *v = std::getenv("NNTILE_BGRAD_EPILOGUE");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// The GEMM with the bias gradient of its input dy. Our B is cuBLAS's A and our A its B, so dy = our B is BGRADA
+// (a vector over D's rows: our n) and dy = our A is BGRADB (over D's columns: our m). The epilogue writes its
+// vector: with `accumulate`, into a stream-ordered temporary then added to the output.
+void gemm_bias_grad_cuda(cublasHandle_t handle, cudaStream_t stream, const GemmShape &s, DType ta, const void *a,
+                         DType tb, const void *b, DType tc, void *c, cublasComputeType_t compute,
+                         const GemmBiasGrad &g) {
+    int64_t width = g.of_b ? s.n : s.m;
+    float *vec = g.out, *scratch = nullptr;
+    if (g.accumulate) {
+        cudaError_t err = cudaMallocAsync(reinterpret_cast<void **>(&scratch), (size_t)width * sizeof(float), stream);
+        NNTILE_CHECK(err == cudaSuccess, "cudaMallocAsync of a " << width * sizeof(float)
+                                                                 << "-byte bias gradient failed: "
+                                                                 << cudaGetErrorString(err));
+        vec = scratch;
+    }
+    LtThread &t = lt_thread(s);
+    cublasLtEpilogue_t epilogue = g.of_b ? CUBLASLT_EPILOGUE_BGRADA : CUBLASLT_EPILOGUE_BGRADB;
+    // the epilogue's vector: 16-byte aligned (as the bias's; StarPU's tiles and the temporary are)
+    const LtPlan *p = alignment(vec) >= 16 && bias_grad_epilogue_allowed()
+                          ? &lt_plan(t, s, ta, a, tb, b, tc, c, compute, epilogue, vec)
+                          : nullptr;
+    if (p && p->ok) {
+        NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &vec, sizeof(vec)));
+        NNTILE_LT_CHECK(cublasLtMatmul(t.handle, p->desc, &s.alpha, b, p->a, a, p->b, &s.beta, c, p->c, c, p->c,
+                                       &p->algo, t.workspace, kLtWorkspaceBytes, stream));
+        if (scratch) add_cuda(stream, width, 1.f, scratch, 1.f, g.out);
+    } else {
+        // no algorithm for this shape: the GEMM, then the column sums of the same bf16 dy
+        gemm_plain(handle, s, ta, a, tb, b, tc, c, compute);
+        int dev = -1;
+        NNTILE_CHECK(cudaGetDevice(&dev) == cudaSuccess, "cudaGetDevice failed");
+        bias_grad_bf16(Where{true, dev, stream}, s.k, width, g.of_b ? b : a, g.accumulate, g.out);
+    }
+    if (scratch) {
+        cudaError_t err = cudaFreeAsync(scratch, stream);
+        NNTILE_CHECK(err == cudaSuccess, "cudaFreeAsync of a bias gradient failed: " << cudaGetErrorString(err));
+    }
+}
+
+}  // namespace
+
+void gemm_cuda(cublasHandle_t handle, cudaStream_t stream, const GemmShape &s, DType ta, const void *a, DType tb,
+               const void *b, DType tc, void *c, Precision precision, const float *bias,
+               const GemmBiasGrad &bias_grad) {
+    cublasComputeType_t compute = compute_type(ta, tb, precision);
+    if (bias_grad.out) {
+        NNTILE_CHECK(!bias, "gemm_cuda: a bias and a bias gradient in one GEMM");
+        NNTILE_CHECK((bias_grad.of_b ? tb : ta) == DType::bf16 && (bias_grad.of_b ? !s.trans_b : s.trans_a) &&
+                         tc == DType::f32,
+                     "gemm_cuda: a bias gradient needs its dy bfloat16, stored (k, m or n), and C float32");
+        gemm_bias_grad_cuda(handle, stream, s, ta, a, tb, b, tc, c, compute, bias_grad);
+        return;
+    }
+    LtThread *t = bias ? &lt_thread(s) : nullptr;
+    const LtPlan *p = bias ? &lt_plan(*t, s, ta, a, tb, b, tc, c, compute, CUBLASLT_EPILOGUE_BIAS) : nullptr;
+    if (p && p->ok && alignment(bias) >= 16) {
+        NNTILE_LT_CHECK(
+            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        NNTILE_LT_CHECK(cublasLtMatmul(t->handle, p->desc, &s.alpha, b, p->a, a, p->b, &s.beta, c, p->c, c, p->c,
+                                       &p->algo, t->workspace, kLtWorkspaceBytes, stream));
+        return;
+    }
+    gemm_plain(handle, s, ta, a, tb, b, tc, c, compute);
     if (bias) bias_add_cuda(stream, s.m, s.n, bias, static_cast<float *>(c));
 }
 

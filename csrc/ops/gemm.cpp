@@ -17,7 +17,8 @@ std::pair<int64_t, int64_t> op_dim(const TileTensor &x, bool trans, int which) {
 }  // namespace
 
 void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &c, float alpha, float beta,
-          Precision precision, bool k_over_places, TileTensor *bias, TileTensor *a_source) {
+          Precision precision, bool k_over_places, TileTensor *bias, TileTensor *a_source, TileTensor *bias_grad,
+          bool bias_grad_of_b) {
     NNTILE_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2,
                  "gemm takes 2-d tile tensors (got " << a.ndim() << ", " << b.ndim() << ", " << c.ndim() << " dims)");
     NNTILE_CHECK(a.dtype() != DType::i64 && b.dtype() != DType::i64 && c.dtype() != DType::i64,
@@ -47,6 +48,32 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
                                                << ",) in tiles of " << (bias->ndim() ? bias->tile_shape()[0] : 0)
                                                << ")");
     }
+    if (bias_grad) {
+        // dy's stored tiles are (k, width): A when trans_a (width m, C's rows), B when not trans_b (n, C's columns)
+        auto width = bias_grad_of_b ? n : m;
+        DType tdy = bias_grad_of_b ? b.dtype() : a.dtype();
+        NNTILE_CHECK(!bias, "gemm: a bias and a bias gradient in one GEMM");
+        // whether cuBLASLt's epilogue scales its vector by alpha is not documented: a dW GEMM's alpha is 1
+        NNTILE_CHECK(alpha == 1.f, "gemm: a bias gradient needs alpha 1 (got " << alpha << ")");
+        NNTILE_CHECK(bias_grad_of_b ? !trans_b : trans_a,
+                     "gemm: a bias gradient sums dy over K, stored (K, N): A transposed or B not (got trans_"
+                         << (bias_grad_of_b ? "b true" : "a false") << ")");
+        NNTILE_CHECK(tdy == DType::bf16 && bias_grad->dtype() == DType::f32 && c.dtype() == DType::f32,
+                     "gemm: a bias gradient needs a bfloat16 dy, a float32 bias gradient and a float32 C (got "
+                         << dtype_name(tdy) << ", " << dtype_name(bias_grad->dtype()) << " and "
+                         << dtype_name(c.dtype()) << ")");
+        NNTILE_CHECK(bias_grad->ndim() == 1 && bias_grad->shape()[0] == width.first &&
+                         bias_grad->tile_shape()[0] == width.second,
+                     "gemm: the bias gradient must be (" << width.first << ",) in tiles of " << width.second
+                                                        << " like dy's columns (got ("
+                                                        << (bias_grad->ndim() ? bias_grad->shape()[0] : 0)
+                                                        << ",) in tiles of "
+                                                        << (bias_grad->ndim() ? bias_grad->tile_shape()[0] : 0) << ")");
+    }
+    // The bias gradient's tile of C's tile (i, j): dy's column tile i (A) or j (B), summed over K by the tasks of
+    // one C tile per dy column tile (j == 0, or i == 0), so that each dy tile is summed once.
+    auto carries_bias_grad = [&](int64_t i, int64_t j) { return bias_grad && (bias_grad_of_b ? i == 0 : j == 0); };
+    auto bias_grad_tile = [&](int64_t i, int64_t j) { return bias_grad->handle(bias_grad_of_b ? j : i); };
     std::vector<char> a_cast;  // per tile of A: written from a_source already
     if (a_source) {
         NNTILE_CHECK(!k_over_places, "gemm: A is cast from a source only in a GEMM whose K stays in one place "
@@ -58,7 +85,9 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
                      "gemm: A's source must have A's shape and tiles");
         a_cast.assign((size_t)a.ntiles(), 0);
     }
-    auto submit = [&](int64_t i, int64_t j, int64_t k, float b0, starpu_data_handle_t hc, DType tc) {
+    // hbg: the bias gradient tile this task writes (bg_beta 0) or adds to (1), or nullptr
+    auto submit = [&](int64_t i, int64_t j, int64_t k, float b0, starpu_data_handle_t hc, DType tc,
+                      starpu_data_handle_t hbg = nullptr, float bg_beta = 0.f) {
         kernels::GemmShape s{c.tile_extent(0, i), c.tile_extent(1, j), std::min(ka.second, ka.first - k * ka.second),
                              trans_a, trans_b, alpha, b0};
         int64_t ra = trans_a ? k : i, ca = trans_a ? i : k;  // A's tile in A's own grid
@@ -73,7 +102,8 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
             hsrc = a_source->handle2(ra, ca);
             a_elements = a.tile_extent(0, ra) * a.tile_extent(1, ca);
         }
-        codelets::submit_gemm(s, precision, a.dtype(), ha, b.dtype(), hb, tc, hc, 0, hbias, hsrc, a_elements);
+        codelets::submit_gemm(s, precision, a.dtype(), ha, b.dtype(), hb, tc, hc, 0, hbias, hsrc, a_elements, hbg,
+                              bias_grad_of_b, bg_beta);
     };
     int64_t places = placement_count();
     if (!k_over_places || places == 1 || gk == 1) {
@@ -81,35 +111,48 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
         for (int64_t i = 0; i < gm; ++i) {
             OnWorker on(placement_worker(i));
             for (int64_t j = 0; j < gn; ++j)
-                for (int64_t k = 0; k < gk; ++k) submit(i, j, k, k == 0 ? beta : 1.f, c.handle2(i, j), c.dtype());
+                for (int64_t k = 0; k < gk; ++k)
+                    submit(i, j, k, k == 0 ? beta : 1.f, c.handle2(i, j), c.dtype(),
+                           carries_bias_grad(i, j) ? bias_grad_tile(i, j) : nullptr, k == 0 ? 0.f : 1.f);
         }
         c.bump_version();
         if (a_source) a.bump_version();
+        if (bias_grad) bias_grad->bump_version();
         return;
     }
     // K runs over row tiles spread over places (a weight gradient: sum over the batch). Place p sums the K
     // tiles k = p (mod places) where they live; C's own place (that of its row tile i, where the optimizer
     // updates it) sums its share into C, the others into partial tiles, which are then added to C in place order.
+    // A bias gradient is split the same way, beside C's tile that carries it.
     NNTILE_CHECK(c.dtype() == DType::f32, "gemm: a K split over places needs a float32 C");
     for (int64_t i = 0; i < gm; ++i) {
         int64_t home = i % places;
         for (int64_t j = 0; j < gn; ++j) {
-            std::vector<std::unique_ptr<TileTensor>> partial;
+            std::vector<std::unique_ptr<TileTensor>> partial, partial_bg;
+            bool with_bg = carries_bias_grad(i, j);
+            int64_t bg_extent = with_bg ? bias_grad->tile_extent(0, bias_grad_of_b ? j : i) : 0;
             for (int64_t p = 0; p < std::min(places, gk); ++p) {
                 OnWorker on(placement_worker(p));
                 TileTensor *t = nullptr;
+                starpu_data_handle_t hbg = with_bg ? bias_grad_tile(i, j) : nullptr;
                 if (p != home) {
                     partial.push_back(std::make_unique<TileTensor>(
                         std::vector<int64_t>{c.tile_extent(0, i), c.tile_extent(1, j)},
                         std::vector<int64_t>{c.tile_extent(0, i), c.tile_extent(1, j)}, DType::f32, "gemm.partial"));
                     t = partial.back().get();
+                    if (with_bg) {
+                        partial_bg.push_back(std::make_unique<TileTensor>(std::vector<int64_t>{bg_extent},
+                                                                          std::vector<int64_t>{bg_extent}, DType::f32,
+                                                                          "gemm.bias_grad_partial"));
+                        hbg = partial_bg.back()->handle(0);
+                    }
                 }
                 for (int64_t k = p; k < gk; k += places) {
                     bool first = k == p;
                     if (t)
-                        submit(i, j, k, first ? 0.f : 1.f, t->handle(0), DType::f32);
+                        submit(i, j, k, first ? 0.f : 1.f, t->handle(0), DType::f32, hbg, first ? 0.f : 1.f);
                     else
-                        submit(i, j, k, first ? beta : 1.f, c.handle2(i, j), c.dtype());
+                        submit(i, j, k, first ? beta : 1.f, c.handle2(i, j), c.dtype(), hbg, first ? 0.f : 1.f);
                 }
             }
             OnWorker on(placement_worker(home));
@@ -120,15 +163,21 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
                 for (size_t q = 1; q < partial.size(); ++q)
                     codelets::submit_add(c.tile_extent(0, i) * c.tile_extent(1, j), 1.f, partial[q]->handle(0), 1.f,
                                          c.handle2(i, j));
+                for (size_t q = 0; q < partial_bg.size(); ++q)
+                    codelets::submit_add(bg_extent, 1.f, partial_bg[q]->handle(0), q == 0 ? 0.f : 1.f,
+                                         bias_grad_tile(i, j));
             } else {
                 NNTILE_CHECK(home < std::min(places, gk), "gemm: a K split over places with beta != 0 needs C's place to hold a K tile");
                 for (auto &t : partial)
                     codelets::submit_add(c.tile_extent(0, i) * c.tile_extent(1, j), 1.f, t->handle(0), 1.f,
                                          c.handle2(i, j));
+                for (auto &t : partial_bg)
+                    codelets::submit_add(bg_extent, 1.f, t->handle(0), 1.f, bias_grad_tile(i, j));
             }
         }
     }
     c.bump_version();
+    if (bias_grad) bias_grad->bump_version();
 }
 
 }  // namespace nntile::ops

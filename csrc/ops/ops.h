@@ -16,9 +16,12 @@ inline int64_t row_of(const TileTensor &x, int64_t t) { return x.ndim() == 0 ? 0
 // each C tile (on GPUs in cuBLASLt's epilogue), not with k_over_places.
 // a_source (float32, A's shape and tiles; A bfloat16): A is written from it inside the first GEMM task that reads
 // each of A's tiles (a matmul input cast to bf16 without a task of its own), not with k_over_places.
+// bias_grad (float32, tiled as dy's columns): written with the column sums of dy, the GEMM's bfloat16 input A
+// (trans_a, so its K runs down the columns) or, bias_grad_of_b, B (not trans_b), summed in fp32 by the GEMM tasks
+// themselves (a Linear's dW GEMM: on GPUs cuBLASLt's bias-gradient epilogue); split over places as C is.
 void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &c, float alpha, float beta,
           Precision precision, bool k_over_places = false, TileTensor *bias = nullptr,
-          TileTensor *a_source = nullptr);
+          TileTensor *a_source = nullptr, TileTensor *bias_grad = nullptr, bool bias_grad_of_b = false);
 // db = beta * db + sum over rows of dy (M, N).
 void bias_grad(TileTensor &dy, TileTensor &db, float beta);
 // y = alpha x + beta y, tile by tile (same tiling).
