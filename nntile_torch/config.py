@@ -64,8 +64,21 @@ def check_tile(value, name):
     return value
 
 
-def fusion_enabled():
+FUSIONS = ("bias_grad", "bf16_outputs")  # docs/fusion.md: the dW GEMM's bias gradient; pending bf16 producers
+
+
+def fusion_enabled(name=None):
     """Whether bf16 training fuses pointwise work into its neighbours (docs/fusion.md): on. NNTILE_FUSION=0 turns
-    every fusion off, for measuring a fusion against the unfused graph in one process and one build (benchmarks),
-    and for bisecting a numerical difference; read at each op, so a test can switch it."""
-    return os.environ.get("NNTILE_FUSION", "1").strip() not in ("0", "off", "false")
+    every fusion off, a comma list of FUSIONS names keeps those only (e.g. NNTILE_FUSION=bias_grad), for measuring a
+    fusion against the unfused graph in one process and one build (benchmarks) and for bisecting a numerical
+    difference; read at each op, so a test can switch it. name None: whether any fusion is on."""
+    value = os.environ.get("NNTILE_FUSION", "1").strip().lower()
+    if value in ("", "1", "on", "true", "all"):
+        return True
+    if value in ("0", "off", "false", "none"):
+        return False
+    names = {v.strip() for v in value.split(",") if v.strip()}
+    unknown = names - set(FUSIONS)
+    if unknown:
+        raise ValueError(f"NNTILE_FUSION: unknown fusion(s) {sorted(unknown)} (known: {', '.join(FUSIONS)}; 0 or 1)")
+    return bool(names) if name is None else name in names

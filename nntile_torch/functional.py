@@ -166,9 +166,9 @@ class LinearFunction(torch.autograd.Function):
 
     precision "bf16": the matmuls read bf16 tiles (x, dy, and a bf16 copy of the weight kept per weight version)
     and accumulate into fp32 tiles; x is kept for backward in bf16, as autocast does. "fp32"/"tf32": fp32 tiles,
-    tf32 rounding done by cuBLAS. With fusion on (config.fusion_enabled()), a bf16 Linear's bias gradient is
-    summed by its dW GEMM from the bf16 dy it reads (fp32 sums, as autocast sums its bf16 gradient; cuBLASLt's
-    epilogue on GPUs) instead of by tasks of its own over the fp32 dy.
+    tf32 rounding done by cuBLAS. With the fusion "bias_grad" on (config.fusion_enabled), a bf16 Linear's bias
+    gradient is summed by its dW GEMM from the bf16 dy it reads (fp32 sums, as autocast sums its bf16 gradient;
+    cuBLASLt's epilogue on GPUs) instead of by tasks of its own over the fp32 dy.
     """
 
     @staticmethod
@@ -221,7 +221,7 @@ class LinearFunction(torch.autograd.Function):
         want_db = ctx.has_bias and ctx.needs_input_grad[2]
         # the dW GEMM sums the bias gradient from the bf16 dy it reads (docs/fusion.md, pair 5)
         fused = (want_db and ctx.needs_input_grad[1] and ctx.precision == "bf16"
-                 and dtype_of(dyc) == torch.bfloat16 and config.fusion_enabled())
+                 and dtype_of(dyc) == torch.bfloat16 and config.fusion_enabled("bias_grad"))
         gb = new_tiles([n], [n_tile], name="linear.db") if fused else None
         if ctx.needs_input_grad[1]:  # dW = dy^T x (N, K) or x^T dy (K, N)
             g = tiles_like(wt, name="linear.dw")

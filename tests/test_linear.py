@@ -374,3 +374,20 @@ def test_bf16_linear_fuses_its_bias_grad_into_the_dw_gemm(layout, monkeypatch, d
     assert names["1"].count("bias_grad") == 0 and names["0"].count("bias_grad") == rows * n_tiles
     assert names["1"].count("gemm+bias_grad") == rows * n_tiles
     assert len(names["1"]) == len(names["0"]) - rows * n_tiles
+
+
+def test_the_fusion_switch_reads_all_none_or_a_list_and_names_a_wrong_one(monkeypatch):
+    """NNTILE_FUSION: unset or 1 all fusions, 0 none, a comma list those only; a misspelt name is an error, not a
+    measurement of the unfused graph under the fused graph's name."""
+    from nntile_torch import config
+    for value, want in (("1", {"bias_grad": True, "bf16_outputs": True}), ("0", {"bias_grad": False, None: False}),
+                        ("bias_grad", {"bias_grad": True, "bf16_outputs": False, None: True}),
+                        (" bf16_outputs , bias_grad", {"bias_grad": True, "bf16_outputs": True})):
+        monkeypatch.setenv("NNTILE_FUSION", value)
+        for name, on in want.items():
+            assert config.fusion_enabled(name) is on, (value, name)
+    monkeypatch.delenv("NNTILE_FUSION")
+    assert config.fusion_enabled("bias_grad") and config.fusion_enabled()
+    monkeypatch.setenv("NNTILE_FUSION", "bias_gard")
+    with pytest.raises(ValueError, match="unknown fusion.*bias_gard"):
+        config.fusion_enabled("bias_grad")
