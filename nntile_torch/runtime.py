@@ -168,7 +168,7 @@ def patch_setting(name):
 
 
 # The level of scripts/patch_starpu.py nntile_torch needs (its PATCH_LEVEL when the patch last changed).
-REQUIRED_STARPU_PATCH_LEVEL = 3
+REQUIRED_STARPU_PATCH_LEVEL = 4
 _patch_checked = False
 
 
@@ -214,7 +214,8 @@ def _check_starpu_patch(level=None):
            "stall), GPU buffers come from cudaMalloc / cudaFree (each free waits for the whole GPU), and torch's GPU "
            "memory can be lost to a device reset at StarPU's first start, and a CUDA worker can abort the process while it "
            "calibrates a performance model (a negative task time), and with a disk node the won't-use hints can stop "
-           "the training (a queued write to the disk pins a host buffer). Build it with scripts/install_starpu.sh "
+           "the training (a queued write to the disk pins a host buffer), and a disk node at its limit never frees the "
+           "buffers of dropped tiles nor copies valid elsewhere. Build it with scripts/install_starpu.sh "
            "(STARPU_PREFIX=... for a prefix of your own) and rebuild nntile_torch against it.")
     if os.environ.get("NNTILE_REQUIRE_PATCHED_STARPU", "0") not in ("", "0"):
         raise RuntimeError(msg + " (NNTILE_REQUIRE_PATCHED_STARPU is set: an error, not a warning)")

@@ -23,7 +23,7 @@ nvcc_bin=$(command -v nvcc || true)
 want_cuda=no; [ -n "$nvcc_bin" ] && want_cuda=yes
 
 # What the build was made with; a prefix built otherwise (or by an older version of this script) is rebuilt.
-build_id="cuda=$want_cuda maxcpus=128 maxcudadev=8 v9"  # v3: host memory size; v4: eviction settings; v5: GPU buffer pool; v6: no device reset; v7: patch level marker; v8: no abort on a negative task time, patch level 2; v9: no idle writes to disk nodes on won't-use, patch level 3 (scripts/patch_starpu.py)
+build_id="cuda=$want_cuda maxcpus=128 maxcudadev=8 v10"  # v3: host memory size; v4: eviction settings; v5: GPU buffer pool; v6: no device reset; v7: patch level marker; v8: no abort on a negative task time, patch level 2; v9: no idle writes to disk nodes on won't-use, patch level 3; v10: full disk nodes free what is not a sole copy, patch level 4 (scripts/patch_starpu.py)
 [ "$release" != 1.3.10 ] && build_id="starpu=$release $build_id"
 stamp="$prefix/.nntile_build"
 if [ -f "$stamp" ] && grep -qx "$build_id" "$stamp" && [ -f "$prefix/lib/pkgconfig/starpu-$series.pc" ]; then

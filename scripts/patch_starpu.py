@@ -49,11 +49,26 @@
    without the won't-use hints (NNTILE_EVICT_WONT_USE_FIRST=0), or with this patch, six steps in 1-2 s. The tile is still put first in its node's eviction order (3., NNTILE_EVICT_WONT_USE_FIRST), so it
    is written to a disk when host memory is needed, by an eviction that waits for its own write. Not behind a
    switch: a deadlock is no trade-off. Where 1.4.10's file differs, nothing is changed there.
+9. a full disk node gives up the copies it holds of tiles valid on another node, and its stale buffers, when host RAM
+   must make room (memalloc.c, with NNTILE_DROP_HOST_COPIES). 1.3.10 frees a buffer on a node only when an allocation
+   on that node fails, and host RAM evicts a tile to a disk only when the disk has room for it already (or a buffer
+   of that tile: get_better_disk_can_accept_size tests _starpu_memory_manager_test_allocate_size), so nothing is ever
+   allocated on a full disk and its reclaim never runs: a tile read back from the disk keeps its disk buffer (a copy
+   while it is not written, stale after) for as long as it lives, and the disk fills with them. And a disk buffer is
+   freed only towards host RAM with room (choose_target: "try to push data to RAM if we can before to push on disk"),
+   so a disk copy of a tile also valid on a GPU stays while host RAM is full. The 45B run stopped in step 1 with the
+   disk full, 14.2 of its 45 GiB such copies, and host RAM full. Now a host-RAM reclaim first frees, on each disk
+   node short of the room asked, buffers holding no sole copy (its cache of freed buffers, stale buffers, copies
+   valid elsewhere; no disk-held sole copy is moved: the nested-eviction rule of 3. applies), and choose_target lets
+   any node's buffer that holds no sole copy go to the node that holds the value (1.3.10 did so only for host RAM,
+   3.). 1.3.10 only (1.4.10 keeps these lists per node in another form; not ported). On CPUs, host RAM of 16 MiB
+   and a 24 MiB disk node full of the buffers of dropped tiles stopped the next tensor needing the disk, five runs of
+   five; with the patch it runs, five of five (tests/test_runtime.py, the full disk rounds).
 Idempotent: an already patched tree is left as it is."""
 import pathlib
 import sys
 
-PATCH_LEVEL = 3  # what starpu_nntile_patch_level() returns (6. above); 2: with 7.; 3: with 8.
+PATCH_LEVEL = 4  # what starpu_nntile_patch_level() returns (6. above); 2: with 7.; 3: with 8.; 4: with 9.
 root = pathlib.Path(sys.argv[1])
 # "1.3" or "1.4": where the two differ, memalloc.c's per-node lists moved into struct _starpu_node (1.4)
 series = next(line.split("=", 1)[1].strip() for line in (root / "STARPU-VERSION").read_text().splitlines()
@@ -261,6 +276,54 @@ patch("src/datawizard/user_interactions.c", [(
     "\t\t/* nntile_torch: no idle write to the disks: it pinned the tile's host buffer until every other\n"
     "\t\t * request of the node was done, and the node could wait for that buffer (scripts/patch_starpu.py, 8.) */\n"
     "\t\tif (0 && handle->ooc)\n\t\t{\n\t\t\t/* Try to push it to some disk */\n")], optional=True)
+# 9. full disk nodes give up buffers holding no sole copy when host RAM reclaims (1.3.10's memalloc.c).
+if series == "1.3":
+    patch("src/datawizard/memalloc.c", [
+        ("\t/* we haven't the right to write on the disk */\n"
+         "\tif (target != -1 && starpu_node_get_kind(target) == STARPU_DISK_RAM && (_starpu_get_disk_flag(target) & STARPU_DISK_NO_RECLAIM))\n"
+         "\t\ttarget = -1;\n",
+         "\t/* we haven't the right to write on the disk */\n"
+         "\tif (target != -1 && starpu_node_get_kind(target) == STARPU_DISK_RAM && (_starpu_get_disk_flag(target) & STARPU_DISK_NO_RECLAIM))\n"
+         "\t\ttarget = -1;\n"
+         "\tif (target == -1 && NNTILE_DROP_HOST_COPIES() && handle->nchildren == 0\n"
+         "\t\t&& handle->per_node[node].state != STARPU_OWNER)\n"
+         "\t{\n"
+         "\t\t/* nntile_torch (scripts/patch_starpu.py, 9.): no sole copy here (a disk's copy of a tile valid on a\n"
+         "\t\t * GPU while host RAM is full): the transfer only invalidates it, and the buffer is freed */\n"
+         "\t\tunsigned i_;\n"
+         "\t\tfor (i_ = 0; i_ < starpu_memory_nodes_get_count(); i_++)\n"
+         "\t\t\tif (i_ != node && (handle->per_node[i_].state != STARPU_INVALID\n"
+         "\t\t\t\t|| handle->per_node[node].state == STARPU_INVALID))\n"
+         "\t\t\t{\n\t\t\t\ttarget = i_;\n\t\t\t\tbreak;\n\t\t\t}\n"
+         "\t}\n"),
+        ("size_t _starpu_memory_reclaim_generic(unsigned node, unsigned force, size_t reclaim)\n{\n"
+         "\tsize_t freed = 0;\n\n\tSTARPU_ASSERT(node < STARPU_MAXNODES);\n",
+         "/* nntile_torch (scripts/patch_starpu.py, 9.): host RAM evicts to a disk only where the disk has room,\n"
+         " * and a node frees buffers only when an allocation on it fails, so a full disk never gave up its\n"
+         " * stale buffers and copies of tiles valid elsewhere. Before host RAM reclaims, each disk node short\n"
+         " * of the room frees those (its sole copies stay: nntile_evicting keeps them from being written into\n"
+         " * host RAM, which is what is short). */\n"
+         "static void nntile_reclaim_disks(size_t reclaim)\n"
+         "{\n"
+         "\tunsigned i, nnodes = starpu_memory_nodes_get_count();\n"
+         "\tfor (i = 0; i < nnodes; i++)\n"
+         "\t\tif (starpu_node_get_kind(i) == STARPU_DISK_RAM\n"
+         "\t\t\t&& (_starpu_get_disk_flag(i) & STARPU_DISK_NO_RECLAIM) == 0\n"
+         "\t\t\t&& _starpu_memory_manager_test_allocate_size(i, reclaim) != 1)\n"
+         "\t\t{\n"
+         "\t\t\tsize_t freed = flush_memchunk_cache(i, reclaim);\n"
+         "\t\t\tnntile_evicting++;\n"
+         "\t\t\tif (freed < reclaim)\n"
+         "\t\t\t\tfree_potentially_in_use_mc(i, 0, reclaim - freed);\n"
+         "\t\t\tnntile_evicting--;\n"
+         "\t\t}\n"
+         "}\n\n"
+         "size_t _starpu_memory_reclaim_generic(unsigned node, unsigned force, size_t reclaim)\n{\n"
+         "\tsize_t freed = 0;\n\n\tSTARPU_ASSERT(node < STARPU_MAXNODES);\n"
+         "\tif (!force && reclaim && NNTILE_DROP_HOST_COPIES() && starpu_node_get_kind(node) == STARPU_CPU_RAM)\n"
+         "\t\tnntile_reclaim_disks(reclaim);\n"),
+    ])
 print(f"patched StarPU {series} sources (CUDA 13, host memory size, eviction settings, GPU buffer pool, "
       f"no device reset, no abort on a negative task time, no idle writes to disks on won't-use, "
+      f"full disks free what is not a sole copy, "
       f"patch level {PATCH_LEVEL})")

@@ -425,6 +425,51 @@ def test_training_frees_stale_disk_buffers_instead_of_stalling(tmp_path):
     assert torch.equal(torch.load(tmp_path / "w.pt"), torch.load(tmp_path / "ref.pt"))
 
 
+# Host RAM limited to 16 MiB and a 24 MiB disk node, one CPU worker. Round r makes 36 MiB of tile tensors (18 of
+# 512 x 1024 fp32) in tiles of its own shape, reads them all back, and drops them; what does not fit in host RAM
+# goes to the disk. When no round ends for STALL_S seconds, prints the memory nodes in MiB and exits with 3.
+_FULL_DISK_ROUNDS = (
+    "import os, threading, time, torch, nntile_torch as nt\n"
+    "nt.init(ncpus=1, ncuda=0, host_memory_limit='16MiB', disk_path=os.environ['DISK'], disk_limit='24MiB',\n"
+    "        scheduler='eager')\n"
+    "def nodes():\n"
+    "    return '; '.join(f\"{n['name']}: {n['used_bytes'] / 2**20:.1f} MiB used, live tiles \"\n"
+    "                     f\"{n['allocated_bytes'] / 2**20:.1f}\" for n in nt.memory_nodes())\n"
+    "last = [time.monotonic()]\n"
+    "def guard():\n"
+    "    while time.monotonic() - last[0] < float(os.environ['STALL_S']):\n"
+    "        time.sleep(0.2)\n"
+    "    print('stalled:', nodes(), flush=True)\n"
+    "    os._exit(3)\n"
+    "threading.Thread(target=guard, daemon=True).start()\n"
+    "for r, tile in enumerate([(256, 1024), (128, 1024), (512, 512)]):\n"
+    "    keep = [nt.TileTensor.from_dense(torch.full((512, 1024), float(i)), tile) for i in range(18)]\n"
+    "    assert all(float(t.materialize()[511, 5]) == i for i, t in enumerate(keep))\n"
+    "    print('round', r, nodes(), flush=True)\n"
+    "    last[0] = time.monotonic()\n"
+    "    del keep\n"
+    "print('done')\n")
+
+
+def test_a_disk_full_of_freed_buffers_makes_room_instead_of_stalling(tmp_path):
+    """A disk node at its limit never ran its reclaim in StarPU 1.3.10: host RAM evicts to a disk only where the disk
+    has room already, so nothing is allocated on a full disk, and what fills it stays (freed buffers kept for reuse,
+    stale buffers, copies of tiles valid elsewhere: the 45B run's step 1, h100/large_models_v2). Here the first
+    round's 22 MiB on the disk are freed buffers once its tensors are dropped, and the second round's tiles (another
+    shape: none is reused) need the disk. Patch level 3 stopped in the second round, five runs of five: host RAM
+    16.0 of 16 MiB in live tiles, the disk 24.0 of 24 MiB used with 2.0 in live tiles. Level 4 (scripts/
+    patch_starpu.py 9.) frees the disk's buffers that hold no sole copy when host RAM reclaims."""
+    from conftest import run_python
+    from nntile_torch import runtime
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    rc, out, err = run_python(_FULL_DISK_ROUNDS, 60, dict(DISK=str(disk), STALL_S="10",
+                              STARPU_WATCHDOG_TIMEOUT="5000000"), what="the full disk rounds")
+    assert rc == 0 and "done" in out, (f"StarPU patch level {runtime.starpu_patch_level()} (4 frees a full disk's "
+                                       f"buffers that hold no sole copy)\n{out[-1500:]}\n{err[-1000:]}")
+    assert out.count("round") == 3, out
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or not nt._C.built_with_cuda, reason="requires CUDA")
 def test_torch_gpu_tensors_outlive_the_first_start_on_a_machine(tmp_path):
