@@ -161,3 +161,38 @@ def test_nothing_pending_without_grad_or_fusion(monkeypatch):
         assert not pending.pending(ln(x).tiles_unflushed)
     monkeypatch.setenv("NNTILE_FUSION", "0")
     assert not pending.pending(ln(x.requires_grad_(True)).tiles_unflushed)
+
+
+def test_converted_gpt2_fused_equals_unfused(monkeypatch):
+    """A converted Hugging Face GPT-2 in bf16, one forward and backward: the same loss and gradients bit for bit
+    with fusion on and off, as many host waits, and the casts of LayerNorm's and GELU's outputs gone from the
+    GEMMs (ln_1 -> c_attn, ln_2 -> c_fc, GELU -> c_proj per block, ln_f -> lm_head)."""
+    transformers = pytest.importorskip("transformers", reason="transformers is installed by scripts/setup.sh")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=96, n_head=6, vocab_size=1000, n_positions=64, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    ids = torch.randint(0, 1000, (3, 37), generator=torch.Generator().manual_seed(11))
+
+    def run(fusion):
+        monkeypatch.setenv("NNTILE_FUSION", "1" if fusion else "0")
+        torch.manual_seed(0)
+        model = nt.convert(transformers.GPT2LMHeadModel(cfg), precision="bf16", tile_size=300, batch_tile_size=37)
+        model(ids, labels=ids)  # the first step makes the weights' bf16 copies
+        nt.synchronize()
+        waits = nt.stats()["blocking_waits"]
+        with nt.task_trace() as trace:
+            out = model(ids, labels=ids)
+            grads = torch.autograd.grad(out.loss, list(model.parameters()))
+            waits = nt.stats()["blocking_waits"] - waits
+        names = [t["name"] for t in trace]
+        return [out.loss.materialize()] + [g.materialize() for g in grads], names, waits
+
+    fused, names_fused, waits_fused = run(True)
+    unfused, names_unfused, waits_unfused = run(False)
+    assert waits_fused == waits_unfused
+    assert_same(fused, unfused, "cpu")
+    # 3 row tiles of 37 rows; a cast per A tile: ln_1 -> c_attn 3, ln_2 -> c_fc 3, GELU -> c_proj 3 x 2 (K = 384
+    # in tiles of 300), per block; ln_f -> lm_head 3. The casts run inside the GEMMs' tasks: the task count is equal.
+    casts = [sum(n.startswith("cast+") for n in names) for names in (names_fused, names_unfused)]
+    assert casts[1] - casts[0] == 2 * (3 + 3 + 6) + 3, casts
+    assert len(names_fused) == len(names_unfused)
+    assert not PENDING
