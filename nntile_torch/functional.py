@@ -200,7 +200,7 @@ class LinearFunction(torch.autograd.Function):
         per_use = precision == "bf16" and state.bf16_per_use
         source, apart = None, state.cast_apart
         if fused is not None:  # x's producer writes the bf16 tiles this GEMM reads (docs/fusion.md)
-            x2, wc, mode = pending.fuse_bf16(fused, bf16_like(fused)), state.weight_bf16(), "fp32"
+            x2, wc, mode = pending.fuse_bf16(fused, lambda: bf16_like(fused)), state.weight_bf16(), "fp32"
         elif precision == "bf16":
             (x2, source), wc, mode = _bf16_input(x2, apart), state.weight_bf16(), "fp32"
         else:
@@ -231,7 +231,7 @@ class LinearFunction(torch.autograd.Function):
         if ctx.precision == "bf16" and not fp32_dy:
             fused = _pending_matrix_tiles(dy, ctx.batch_tile, n_tile)
         if fused is not None:  # dy's producer (GELU's backward) writes the bf16 dy the GEMMs read (docs/fusion.md)
-            dy2, dyc, source = None, pending.fuse_bf16(fused, bf16_like(fused)), None
+            dy2, dyc, source = None, pending.fuse_bf16(fused, lambda: bf16_like(fused)), None
         else:
             dy2 = as_matrix_tiles(dy, ctx.batch_tile, n_tile)
             dyc, source = dy2, None

@@ -21,12 +21,12 @@ class Producer:
     of their shape, or None: scratch, when they died before a side output was read), and its other outputs (a
     LayerNorm's mean and rstd) when first (otherwise scratch). It holds its output weakly (PENDING's values must
     not keep their keys alive)."""
-    __slots__ = ("submit", "inputs", "versions", "first", "out")
+    __slots__ = ("submit", "inputs", "versions", "first", "out", "bf16")
 
     def __init__(self, submit, out, inputs):
         self.submit, self.inputs, self.first = submit, inputs, True
         self.versions = [t.version for t in inputs]
-        self.out = weakref.ref(out)
+        self.out, self.bf16 = weakref.ref(out), None  # bf16: the bf16 tiles a fused use had it write (weak)
 
     def run(self, into):
         if [t.version for t in self.inputs] != self.versions:
@@ -70,11 +70,17 @@ def flush(tiles):
     p.run(p.out())
 
 
-def fuse_bf16(tiles, out):
-    """`out` (new bf16 tiles of C++ `tiles`' shape and tiling) written by the pending producer of `tiles` (the fused
-    task); the fp32 values stay owed (flushed if anything reads `tiles` later). The producer's side outputs are
-    written now."""
+def fuse_bf16(tiles, make):
+    """bf16 tiles of C++ `tiles`' shape and tiling (new ones from make()) written by the pending producer of `tiles`
+    (the fused task), or those it wrote for an earlier fused use still alive (a second bf16 matmul reading the same
+    tensor reads the same bf16 tiles); the fp32 values stay owed (flushed if anything reads `tiles` later). The
+    producer's side outputs are written now."""
     p = PENDING[tiles]
+    done = p.bf16() if p.bf16 is not None else None
+    if done is not None:
+        return done
+    out = make()
+    p.bf16 = weakref.ref(out)
     first = p.first
     p.run(out)
     if first:  # its side outputs are written: only `tiles` stay owed

@@ -128,6 +128,32 @@ def test_every_other_reader_gets_the_fp32_values(device, monkeypatch):
     torch.testing.assert_close(out.materialize(), ref)
 
 
+def test_two_bf16_linears_read_one_bf16_copy(monkeypatch):
+    """A LayerNorm output read by two bf16 Linears (q and k projections, say): one fused LayerNorm task per tile,
+    whose bf16 tiles both GEMMs read; the same values as unfused."""
+    def run(fusion):
+        monkeypatch.setenv("NNTILE_FUSION", "1" if fusion else "0")
+        ln, fc, _, _ = block("cpu")
+        torch.manual_seed(2)
+        other = nt.nn.Linear(C, C, tile_size=TILE, batch_tile_size=ROWS, precision="bf16")
+        x, _ = inputs("cpu")
+        x.requires_grad_(True)
+        fc(ln(x)), other(ln(x))  # the first calls make the weights' bf16 copies
+        with nt.task_trace() as trace:
+            y = ln(x)
+            a, b = fc(y), other(y)
+            del y  # nothing reads its fp32 values: they are never computed
+            nt.synchronize()
+        return [a.materialize(), b.materialize()], [t["name"] for t in trace]
+
+    fused, names = run(True)
+    unfused, names_unfused = run(False)
+    assert_same(fused, unfused, "cpu")
+    assert names.count("layer_norm_forward") == 7, names  # not again for the second Linear
+    assert not any(n.startswith("cast+") for n in names)
+    assert len(names) == len(names_unfused)
+
+
 def test_synchronize_and_the_optimizer_step_flush(monkeypatch):
     """Nothing stays pending across nt.synchronize(), nor across an optimizer step that writes what a pending
     producer reads (it is submitted first, with the old weight)."""
