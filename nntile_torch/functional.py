@@ -5,7 +5,7 @@ import weakref
 
 import torch
 
-from . import _C, config
+from . import _C, config, pending
 from .param import bf16_like, param_state, to_bf16
 from .tensor import (TileTensor, dtype_of, new_tiles, plain, register_tile_function, tiles_like, view_of,
                      without_torch_function)
@@ -150,6 +150,22 @@ def as_matrix_tiles(x, row_tile, col_tile):
     return t
 
 
+def _pending_matrix_tiles(x, row_tile, col_tile):
+    """x's own C++ tiles when as_matrix_tiles would read them as they are and their producer is pending
+    (docs/fusion.md): a bf16 matmul then has the producer write its bf16 input. None otherwise."""
+    if not plain(x):
+        return None
+    t = x.tiles_unflushed
+    if not pending.pending(t) or dtype_of(t) != torch.float32:
+        return None
+    k = x.shape[-1]
+    m = math.prod(x.shape[:-1])
+    want = [config.sequence_rows(x.shape, row_tile), min(col_tile, k)]
+    if list(t.shape) == [m, k] and list(t.tile_shape) in (want, [min(row_tile, m), want[1]]):
+        return t
+    return None
+
+
 def _bf16_input(t, apart):
     """A bf16 matmul's input A as (bf16 tiles, float32 source or None). With a source, the GEMM writes the bf16 tiles
     itself, inside its first task that reads each tile (gemm's a_source): no task of its own between the producer of
@@ -179,12 +195,15 @@ class LinearFunction(torch.autograd.Function):
             raise TypeError(f"a bf16 master weight is read by bf16 matmuls only (precision 'bf16'; this one's is "
                             f"{precision!r})")
         k_dim, n_dim = (0, 1) if w_in_out else (1, 0)
-        x2 = as_matrix_tiles(x, batch_tile, wt.tile_shape[k_dim])
+        fused = _pending_matrix_tiles(x, batch_tile, wt.tile_shape[k_dim]) if precision == "bf16" else None
+        x2 = as_matrix_tiles(x, batch_tile, wt.tile_shape[k_dim]) if fused is None else fused
         m, n = x2.shape[0], wt.shape[n_dim]
         state = param_state(weight)  # its bf16 copy policy (MemoryPlan.apply sets it)
         per_use = precision == "bf16" and state.bf16_per_use
         source, apart = None, state.cast_apart
-        if precision == "bf16":
+        if fused is not None:  # x's producer writes the bf16 tiles this GEMM reads (docs/fusion.md)
+            x2, wc, mode = pending.fuse_bf16(fused, lambda: bf16_like(fused)), state.weight_bf16(), "fp32"
+        elif precision == "bf16":
             (x2, source), wc, mode = _bf16_input(x2, apart), state.weight_bf16(), "fp32"
         else:
             wc, mode = wt, precision
@@ -209,19 +228,25 @@ class LinearFunction(torch.autograd.Function):
         x2, *copy = kept(ctx)
         wt, wc, mode, io = ctx.wt, copy[0] if copy else ctx.wc, ctx.mode, ctx.w_in_out
         n, n_tile = wt.shape[ctx.n_dim], wt.tile_shape[ctx.n_dim]
-        dy2 = as_matrix_tiles(dy, ctx.batch_tile, n_tile)
-        dyc, source = dy2, None
-        if ctx.precision == "bf16":  # cast by the dx GEMM, or on its own when there is none
+        want_db, bf16 = ctx.has_bias and ctx.needs_input_grad[2], ctx.precision == "bf16"
+        # the dW GEMM sums the bias gradient from the bf16 dy it reads (docs/fusion.md, pair 5)
+        db_in_gemm = want_db and ctx.needs_input_grad[1] and bf16 and config.fusion_enabled("bias_grad")
+        fused = None
+        if bf16 and (db_in_gemm or not want_db):  # nothing reads the fp32 dy
+            fused = _pending_matrix_tiles(dy, ctx.batch_tile, n_tile)
+        if fused is not None:  # dy's producer (GELU's backward) writes the bf16 dy the GEMMs read (docs/fusion.md)
+            dy2, dyc, source = None, pending.fuse_bf16(fused, lambda: bf16_like(fused)), None
+        else:
+            dy2 = as_matrix_tiles(dy, ctx.batch_tile, n_tile)
+            dyc, source = dy2, None
+        if fused is None and bf16:  # cast by the dx GEMM, or on its own when there is none
             dyc, source = _bf16_input(dy2, ctx.cast_apart or not ctx.needs_input_grad[0])
         dx = dw = db = None
         if ctx.needs_input_grad[0]:  # dx = dy W (N, K layout) or dy W^T (K, N layout)
             g = tiles_like(x2, name="linear.dx")
             _C.gemm(False, dyc, io, wc, g, 1.0, 0.0, mode, a_source=source)
             dx = TileTensor(g, ctx.x_shape, ctx.x_device)
-        want_db = ctx.has_bias and ctx.needs_input_grad[2]
-        # the dW GEMM sums the bias gradient from the bf16 dy it reads (docs/fusion.md, pair 5)
-        fused = (want_db and ctx.needs_input_grad[1] and ctx.precision == "bf16"
-                 and dtype_of(dyc) == torch.bfloat16 and config.fusion_enabled("bias_grad"))
+        fused = db_in_gemm
         gb = new_tiles([n], [n_tile], name="linear.db") if fused else None
         if ctx.needs_input_grad[1]:  # dW = dy^T x (N, K) or x^T dy (K, N)
             g = tiles_like(wt, name="linear.dw")
@@ -248,7 +273,11 @@ class GeluFunction(torch.autograd.Function):
     def forward(ctx, x, approximate, batch_tile, tile):
         xt = x.tiles if plain(x) else as_matrix_tiles(x, batch_tile, tile)
         y = tiles_like(xt, name="gelu.y")
-        _C.gelu_forward(xt, y, approximate == "tanh")
+        tanh = approximate == "tanh"
+        if pending.candidate(not isinstance(ctx, _NoGradContext)):  # a bf16 matmul may read y in bf16 (c_proj)
+            pending.defer(lambda out, first: _C.gelu_forward(xt, out, tanh), y, (), (xt,))
+        else:
+            _C.gelu_forward(xt, y, tanh)
         keep(ctx, x.device, xt)
         ctx.tanh, ctx.x_shape, ctx.x_device = approximate == "tanh", x.shape, x.device
         return TileTensor(y, x.shape, x.device)
@@ -259,7 +288,12 @@ class GeluFunction(torch.autograd.Function):
     def backward(ctx, dy):
         (xt,) = kept(ctx)
         dx = tiles_like(xt, name="gelu.dx")
-        _C.gelu_backward(tiles_of(xt.shape, xt.tile_shape, dy), xt, dx, ctx.tanh)
+        dyt, tanh = tiles_of(xt.shape, xt.tile_shape, dy), ctx.tanh
+        if pending.candidate(True):  # the fc Linear's backward may read dx as its bf16 dy
+            pending.defer(lambda out, first: _C.gelu_backward(dyt, xt, out, tanh), dx, (), (dyt, xt))
+            pending.flush_at_backward_end()
+        else:
+            _C.gelu_backward(dyt, xt, dx, tanh)
         return TileTensor(dx, ctx.x_shape, ctx.x_device), None, None, None
 
 
@@ -303,8 +337,16 @@ class LayerNormFunction(torch.autograd.Function):
         m, bt = xt.shape[0], xt.tile_shape[0]
         y = new_tiles([m, c], [bt, c], name="layer_norm.y")
         mean, rstd = row_stats(ctx, m, bt, "layer_norm.mean"), row_stats(ctx, m, bt, "layer_norm.rstd")
-        _C.layer_norm_forward(xt, weight.tiles, _zeros(weight.tiles) if bias is None else bias.tiles, float(eps), y,
-                              mean, rstd)
+        wt, bt_ = weight.tiles, _zeros(weight.tiles) if bias is None else bias.tiles
+        if pending.candidate(not isinstance(ctx, _NoGradContext)):  # a bf16 matmul may read y in bf16
+
+            def submit(out, first):  # pending.Producer's: out None when y died before mean or rstd were read
+                stats = (mean, rstd) if first else (new_tiles([m], [bt]), new_tiles([m], [bt]))
+                _C.layer_norm_forward(xt, wt, bt_, float(eps), new_tiles([m, c], [bt, c]) if out is None else out,
+                                      *stats)
+            pending.defer(submit, y, (mean, rstd), (xt, wt, bt_))
+        else:
+            _C.layer_norm_forward(xt, wt, bt_, float(eps), y, mean, rstd)
         keep(ctx, x.device, xt, mean, rstd)
         ctx.wt, ctx.has_bias = weight.tiles, bias is not None
         ctx.x_shape, ctx.x_device, ctx.w_device = x.shape, x.device, weight.device

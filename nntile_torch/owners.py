@@ -39,6 +39,10 @@ class CacheLayerRecord:
         self.length = 0  # kv_cache.py: the positions per sequence so far
 
 
+# C++ tiles -> the pending.Producer that owes their values (docs/fusion.md): written by pending.py alone, read by
+# TileTensor's one accessor of its tiles (tensor.py), which flushes the producer first. Weak: tiles that die unread
+# take their producer with them (nothing can read them any more).
+PENDING = weakref.WeakKeyDictionary()
 _MODULES = weakref.WeakKeyDictionary()
 _CACHE_LAYERS = WeakIdKeyDictionary()  # by identity: a cache layer is the user's object, its == not ours
 _OPTIMIZERS = weakref.WeakKeyDictionary()

@@ -18,6 +18,7 @@ from torch import nn
 from torch.utils._pytree import tree_flatten
 
 from .owners import module_record
+from .pending import at_forward_end
 
 _owners = weakref.WeakKeyDictionary()  # module -> (report, its name in the converted model)
 # graph task id of a backward call -> the report of the converted model whose outputs it went through; the newest
@@ -83,6 +84,7 @@ def register(model, report):
         _owners[m] = (report, name)
     if not record.backward_marked:  # convert() of a converted model: one hook
         model.register_forward_hook(_mark_backward)
+        model.register_forward_hook(at_forward_end)  # nothing stays pending past the forward (docs/fusion.md)
         record.backward_marked = True
 
 

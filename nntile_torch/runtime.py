@@ -328,6 +328,9 @@ def shutdown():
     get tiles again after the next init. A task error not yet raised (runtime.h: raise_task_error) is raised here,
     after StarPU has stopped: init() works again either way."""
     global _current, _host_limit
+    from .pending import flush_all
+    if _C.running():
+        flush_all()  # what is owed is submitted while StarPU still runs (docs/fusion.md)
     try:
         _C.shutdown(True)
     finally:
@@ -434,7 +437,9 @@ def reset_peak_stats():
 
 
 def synchronize():
-    """Waits for every submitted task (counted as a blocking wait)."""
+    """Waits for every submitted task (counted as a blocking wait); pending producers are submitted first."""
+    from .pending import flush_all
+    flush_all()
     if _C.running():
         _C.wait_all()
 

@@ -22,6 +22,8 @@ import torch
 from torch.utils._pytree import tree_map
 
 from . import _C
+from .owners import PENDING
+from .pending import flush, flush_all
 from .runtime import ensure_init
 
 aten = torch.ops.aten
@@ -76,7 +78,7 @@ def dtype_of(tiles):
     """The torch dtype of the elements C++ `tiles` (or a TileTensor's tiles) hold: torch.bfloat16 for a bf16 master
     weight's tiles, whose TileTensor is float32."""
     if isinstance(tiles, TileTensor):
-        tiles = tiles._tiles
+        tiles = tiles._raw
     return _DTYPES[tiles.dtype]
 
 
@@ -94,7 +96,7 @@ def new_tiles(shape, tile_shape, dtype=torch.float32, name="", persistent=False,
 def tiles_like(like, dtype=torch.float32, name="", persistent=False):
     """New, unwritten C++ tiles with the shape and tiling of `like` (C++ tiles or a TileTensor's)."""
     if isinstance(like, TileTensor):
-        like = like._tiles
+        like = like._raw
     return new_tiles(like.shape, like.tile_shape, dtype, name, persistent)
 
 
@@ -145,7 +147,7 @@ class TileTensor(torch.Tensor):
             r = torch.Tensor._make_wrapper_subclass(cls, shape, strides=tuple(view[0]), storage_offset=int(view[1]),
                                                     dtype=dtype, device=_full_device(device),
                                                     requires_grad=requires_grad)
-        r._tiles = tiles
+        r._raw = tiles  # read through _tiles / tiles, which flush a pending producer first
         r._view = None if view is None else (tuple(view[0]), int(view[1]))
         r._dense_cache = None
         return r
@@ -184,14 +186,30 @@ class TileTensor(torch.Tensor):
 
     # --- access -------------------------------------------------------------------------------------------
     @property
+    def _tiles(self):
+        """The C++ tiled tensor, its values submitted: the one accessor that hands tiles on (to C++ ops, to
+        materialize), so a pending producer (docs/fusion.md, pending.py) is flushed before anything reads them.
+        _raw: the same tiles without the flush, for what reads only their shape (views, dtypes)."""
+        raw = self._raw
+        if PENDING and raw in PENDING:
+            flush(raw)
+        return raw
+
+    @property
     def tiles(self):
         """The C++ tiled tensor (shape, tile_shape, grid, ...)."""
         return self._tiles
 
     @property
+    def tiles_unflushed(self):
+        """The C++ tiled tensor without flushing its pending producer (docs/fusion.md): for the one consumer that
+        fuses with the producer (pending.fuse_bf16), which submits it itself. Anything else reads `tiles`."""
+        return self._raw
+
+    @property
     def tiles_dtype(self):
         """The torch dtype the tiles hold (torch.bfloat16 under a bf16 master weight, whose dtype is float32)."""
-        return _DTYPES[self._tiles.dtype]
+        return _DTYPES[self._raw.dtype]
 
     @property
     def is_view(self):
@@ -203,7 +221,7 @@ class TileTensor(torch.Tensor):
     def replace_tiles(self, tiles):
         """Puts other C++ tiles of the same values under this tensor (a bf16 master weight's: ParamState); the
         cached dense copy goes with the old ones."""
-        self._tiles = tiles
+        self._raw = tiles
         self._dense_cache = None
 
     def materialize(self):
@@ -211,6 +229,7 @@ class TileTensor(torch.Tensor):
         change. It is a copy: writing to it does not change the tiles (write to the TileTensor itself), and the
         next materialize() raises if it was written, rather than hand out values the tiles do not hold."""
         ensure_init()
+        flush_all()  # a host wait: nothing stays pending across it (docs/fusion.md)
         version = self._tiles.version
         cache = self._dense_cache
         if cache is not None and cache[0] == version:
@@ -314,8 +333,8 @@ def _same_tiles(a, b):
 
 def _detach(self):
     if self._view is not None:
-        return TileTensor(self._tiles, self.shape, self.device, view=self._view)
-    return _like(self, self._tiles)
+        return TileTensor(self._raw, self.shape, self.device, view=self._view)
+    return _like(self, self._raw)
 
 
 def _as_tiles_of(like, other):
@@ -449,7 +468,7 @@ def _view(self, size):
         size[size.index(-1)] = self.numel() // known if known else 0
     if math.prod(size) != self.numel():
         return NotImplemented
-    return TileTensor(self._tiles, size, self.device)
+    return TileTensor(self._raw, size, self.device)
 
 
 _VIEW_OPS = {}
@@ -469,7 +488,7 @@ def _is_view_op(func):
 
 def _meta_of(x):
     """A meta tensor with x's shape, strides and offset into its tiles' elements: what a view op would give."""
-    base = torch.empty(math.prod(x._tiles.shape), dtype=x.dtype, device="meta")
+    base = torch.empty(math.prod(x._raw.shape), dtype=x.dtype, device="meta")
     return base.as_strided(tuple(x.shape), tuple(x.stride()), x.storage_offset())
 
 
@@ -498,7 +517,7 @@ def _view_op(func, *args, **kwargs):
     def as_view(r):
         if not isinstance(r, torch.Tensor) or r.dtype != x.dtype:
             raise _NotAView
-        v = view_of(x._tiles, r.shape, r.stride(), r.storage_offset(), x.device)
+        v = view_of(x._raw, r.shape, r.stride(), r.storage_offset(), x.device)
         if bf16:
             v.made_in_bf16 = True
         return v

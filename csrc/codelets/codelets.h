@@ -38,15 +38,17 @@ void submit_gather_scalars(const std::vector<starpu_data_handle_t> &srcs, starpu
 
 // dst = src converted to dst_type (float32 <-> bfloat16, round to nearest even), n values.
 void submit_convert(int64_t n, DType src_type, starpu_data_handle_t src, DType dst_type, starpu_data_handle_t dst);
-// y = gelu(x) and dx = dy * gelu'(x) over n values; tanh_approx selects GPT-2's tanh form.
-void submit_gelu_forward(int64_t n, bool tanh_approx, starpu_data_handle_t x, starpu_data_handle_t y);
+// y = gelu(x) and dx = dy * gelu'(x) over n values; tanh_approx selects GPT-2's tanh form; out_bf16: y (dx) holds
+// bfloat16 (a bf16 matmul's input), rounded once from the fp32 values.
+void submit_gelu_forward(int64_t n, bool tanh_approx, starpu_data_handle_t x, starpu_data_handle_t y,
+                         bool out_bf16 = false);
 void submit_gelu_backward(int64_t n, bool tanh_approx, starpu_data_handle_t dy, starpu_data_handle_t x,
-                          starpu_data_handle_t dx);
-// LayerNorm of a tile of whole rows (m, c): y, mean (m), rstd (m) written. Backward writes dx and adds (beta 1)
-// or writes (beta 0) the weight and bias gradients (c).
+                          starpu_data_handle_t dx, bool out_bf16 = false);
+// LayerNorm of a tile of whole rows (m, c): y (float32, or bfloat16 with y_bf16), mean (m), rstd (m) written.
+// Backward writes dx and adds (beta 1) or writes (beta 0) the weight and bias gradients (c).
 void submit_layer_norm_forward(int64_t m, int64_t c, float eps, starpu_data_handle_t x, starpu_data_handle_t weight,
                                starpu_data_handle_t bias, starpu_data_handle_t y, starpu_data_handle_t mean,
-                               starpu_data_handle_t rstd);
+                               starpu_data_handle_t rstd, bool y_bf16 = false);
 void submit_layer_norm_backward(int64_t m, int64_t c, starpu_data_handle_t dy, starpu_data_handle_t x,
                                 starpu_data_handle_t mean, starpu_data_handle_t rstd, starpu_data_handle_t weight,
                                 starpu_data_handle_t dx, starpu_data_handle_t dweight, starpu_data_handle_t dbias,

@@ -1,18 +1,43 @@
 // GELU through ATen on tiles (CPU and CUDA).
 #include "gelu.h"
 
+#include "convert.h"
+
 namespace nntile::kernels {
 
-void gelu_forward(const Where &w, int64_t n, bool tanh_approx, const float *x, float *y) {
-    StreamScope scope(w);
-    auto out = wrap(y, {n}, w);
-    at::gelu_out(out, wrap(x, {n}, w), tanh_approx ? "tanh" : "none");
+namespace {
+// A float32 tensor for the fp32 result: the tile itself, or scratch (torch's allocator, on the task's stream under
+// StreamScope) that to_bf16 then rounds into the bf16 tile.
+at::Tensor fp32_out(const Where &w, int64_t n, void *out, bool out_bf16) {
+    if (!out_bf16) return wrap(out, {n}, w);
+    auto opts = at::TensorOptions().dtype(at::kFloat);
+    return at::empty({n}, w.cuda ? opts.device(at::kCUDA, w.device) : opts.device(at::kCPU));
 }
 
-void gelu_backward(const Where &w, int64_t n, bool tanh_approx, const float *dy, const float *x, float *dx) {
+void to_bf16(const Where &w, int64_t n, const at::Tensor &src, void *dst) {
+#ifdef NNTILE_USE_CUDA
+    if (w.cuda) {
+        convert_cuda(static_cast<cudaStream_t>(w.stream), n, DType::f32, src.data_ptr<float>(), DType::bf16, dst);
+        return;
+    }
+#endif
+    convert_cpu(n, DType::f32, src.data_ptr<float>(), DType::bf16, dst);
+}
+}  // namespace
+
+void gelu_forward(const Where &w, int64_t n, bool tanh_approx, const float *x, void *y, bool out_bf16) {
     StreamScope scope(w);
-    auto out = wrap(dx, {n}, w);
+    auto out = fp32_out(w, n, y, out_bf16);
+    at::gelu_out(out, wrap(x, {n}, w), tanh_approx ? "tanh" : "none");
+    if (out_bf16) to_bf16(w, n, out, y);
+}
+
+void gelu_backward(const Where &w, int64_t n, bool tanh_approx, const float *dy, const float *x, void *dx,
+                   bool out_bf16) {
+    StreamScope scope(w);
+    auto out = fp32_out(w, n, dx, out_bf16);
     at::gelu_backward_out(out, wrap(dy, {n}, w), wrap(x, {n}, w), tanh_approx ? "tanh" : "none");
+    if (out_bf16) to_bf16(w, n, out, dx);
 }
 
 }  // namespace nntile::kernels

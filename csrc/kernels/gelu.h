@@ -7,7 +7,10 @@
 
 namespace nntile::kernels {
 
-void gelu_forward(const Where &w, int64_t n, bool tanh_approx, const float *x, float *y);
-void gelu_backward(const Where &w, int64_t n, bool tanh_approx, const float *dy, const float *x, float *dx);
+// out_bf16: y (dx) holds bfloat16, a bf16 matmul's input (docs/fusion.md): ATen's fp32 values rounded to nearest
+// even by convert_cpu / convert_cuda, the same bits as the unfused fp32 output and its cast.
+void gelu_forward(const Where &w, int64_t n, bool tanh_approx, const float *x, void *y, bool out_bf16 = false);
+void gelu_backward(const Where &w, int64_t n, bool tanh_approx, const float *dy, const float *x, void *dx,
+                   bool out_bf16 = false);
 
 }  // namespace nntile::kernels

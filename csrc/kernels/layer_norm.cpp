@@ -1,13 +1,16 @@
 // LayerNorm on tiles: ATen on the CPU; on GPUs layer_norm_cuda.cu's kernels (the same numbers to rounding).
 #include "layer_norm.h"
 
+#include "convert.h"
+
 namespace nntile::kernels {
 
 void layer_norm_forward(const Where &w, int64_t m, int64_t c, float eps, const float *x, const float *weight,
-                        const float *bias, float *y, float *mean, float *rstd) {
+                        const float *bias, void *y, bool y_bf16, float *mean, float *rstd) {
 #ifdef NNTILE_USE_CUDA
     if (w.cuda) {
-        layer_norm_forward_cuda(static_cast<cudaStream_t>(w.stream), m, c, eps, x, weight, bias, y, mean, rstd);
+        layer_norm_forward_cuda(static_cast<cudaStream_t>(w.stream), m, c, eps, x, weight, bias, y, y_bf16, mean,
+                                rstd);
         return;
     }
 #endif
@@ -15,8 +18,11 @@ void layer_norm_forward(const Where &w, int64_t m, int64_t c, float eps, const f
     std::optional<at::Tensor> wt, bt;
     if (weight) wt = wrap(weight, {c}, w);
     if (bias) bt = wrap(bias, {c}, w);
-    auto out = wrap(y, {m, c}, w), mu = wrap(mean, {m, 1}, w), rs = wrap(rstd, {m, 1}, w);
+    // bf16 y: ATen's fp32 values, then the rounding of the unfused path's cast (convert_cpu), bit for bit
+    auto out = y_bf16 ? at::empty({m, c}, at::kFloat) : wrap(y, {m, c}, w);
+    auto mu = wrap(mean, {m, 1}, w), rs = wrap(rstd, {m, 1}, w);
     at::native_layer_norm_out(out, mu, rs, wrap(x, {m, c}, w), {c}, wt, bt, eps);
+    if (y_bf16) convert_cpu(m * c, DType::f32, out.data_ptr<float>(), DType::bf16, y);
 }
 
 void layer_norm_backward(const Where &w, int64_t m, int64_t c, const float *dy, const float *x, const float *mean,

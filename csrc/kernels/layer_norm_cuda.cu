@@ -1,6 +1,10 @@
 // CUDA LayerNorm, forward and backward. The forward: one thread block per row, one launch. ATen's op computes into
 // new tensors and copies them into the tile (three more kernels), all of it launch time with the GPU idle when a
 // step's tasks run one after another (docs/measurements.md, "LayerNorm and attention kernels").
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
 #include "../common.h"
 #include "block_sum_cuda.cuh"
 #include "layer_norm.h"
@@ -10,12 +14,14 @@ namespace nntile::kernels {
 namespace {
 
 // Two passes for the variance (the mean first): as accurate as ATen's Welford, without its per-element division.
+// Y: float, or __nv_bfloat16 for a bf16 matmul's input (one rounding to nearest even per value, as convert_cuda's).
+template <typename Y>
 __global__ void layer_norm_forward_kernel(int64_t c, float eps, const float *x, const float *weight,
-                                          const float *bias, float *y, float *mean, float *rstd) {
+                                          const float *bias, Y *y, float *mean, float *rstd) {
     __shared__ float red[32];
     const int64_t row = blockIdx.x;
     const float *xr = x + row * c;
-    float *yr = y + row * c;
+    Y *yr = y + row * c;
     float s = 0.f;
     for (int64_t j = threadIdx.x; j < c; j += blockDim.x) s += xr[j];
     const float mu = block_sum(s, red) / (float)c;
@@ -29,7 +35,10 @@ __global__ void layer_norm_forward_kernel(int64_t c, float eps, const float *x, 
         float v = (xr[j] - mu) * rs;
         if (weight) v *= weight[j];
         if (bias) v += bias[j];
-        yr[j] = v;
+        if constexpr (std::is_same_v<Y, float>)
+            yr[j] = v;
+        else
+            yr[j] = __float2bfloat16_rn(v);
     }
     if (threadIdx.x == 0) {
         mean[row] = mu;
@@ -102,11 +111,17 @@ __global__ void layer_norm_backward_sum_kernel(int64_t c, int64_t chunks, const 
 }  // namespace
 
 void layer_norm_forward_cuda(cudaStream_t stream, int64_t m, int64_t c, float eps, const float *x,
-                             const float *weight, const float *bias, float *y, float *mean, float *rstd) {
+                             const float *weight, const float *bias, void *y, bool y_bf16, float *mean,
+                             float *rstd) {
     if (m == 0) return;
     NNTILE_CHECK(m <= 0x7fffffff, "layer_norm: at most 2^31 - 1 rows per tile (got " << m << ")");
     int threads = c >= 2048 ? 512 : c >= 512 ? 256 : c >= 128 ? 128 : 32;
-    layer_norm_forward_kernel<<<(unsigned)m, threads, 0, stream>>>(c, eps, x, weight, bias, y, mean, rstd);
+    if (y_bf16)
+        layer_norm_forward_kernel<<<(unsigned)m, threads, 0, stream>>>(
+            c, eps, x, weight, bias, static_cast<__nv_bfloat16 *>(y), mean, rstd);
+    else
+        layer_norm_forward_kernel<<<(unsigned)m, threads, 0, stream>>>(c, eps, x, weight, bias,
+                                                                        static_cast<float *>(y), mean, rstd);
     cudaError_t err = cudaGetLastError();
     NNTILE_CHECK(err == cudaSuccess, "layer_norm forward kernel launch failed: " << cudaGetErrorString(err));
 }

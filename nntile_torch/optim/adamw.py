@@ -6,6 +6,7 @@ import warnings
 from .. import _C, runtime
 from ..functional import tiles_of
 from ..param import param_state
+from ..pending import flush_all
 from ..runtime import info
 from ..tensor import TileTensor, dtype_of, fp32_tiles, new_tiles, tiles_like, without_torch_function
 
@@ -270,6 +271,7 @@ class AdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        flush_all()  # a pending producer reads no weight the update writes (docs/fusion.md)
         self._update_all()
         return loss
 
