@@ -35,7 +35,7 @@ def inputs(device):
 def step(device, fusion, monkeypatch, fc_bias=True, apart=False):
     """One forward and backward of the block with fusion on or off: the output, every gradient (dense) and the
     tasks it submitted."""
-    monkeypatch.setenv("NNTILE_FUSION", "1" if fusion else "0")
+    monkeypatch.setenv("NNTILE_FUSION", {True: "1", False: "0"}.get(fusion, fusion))
     ln, fc, act, proj = block(device, fc_bias)
     for m in (fc, proj):
         param_state(m.weight).cast_apart = apart
@@ -63,13 +63,21 @@ def assert_same(fused, unfused, device):
             torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-3, msg=f"value {i}")
 
 
+@pytest.mark.parametrize("fusions", ["bf16_outputs", "1"])
 @pytest.mark.parametrize("fc_bias", [True, False], ids=["fc_bias=True", "fc_bias=False"])
-def test_fused_block_equals_unfused(device, monkeypatch, fc_bias):
-    """Forward and every gradient (fc_bias=False: GELU's backward writes fc's bf16 dy too; with a bias its gradient
-    reads the fp32 dy, so that one is not fused)."""
-    fused, _, waits = step(device, True, monkeypatch, fc_bias)
+def test_fused_block_equals_unfused(device, monkeypatch, fc_bias, fusions):
+    """Forward and every gradient. The bf16 outputs alone: with fc's bias its gradient reads the fp32 dy, so GELU's
+    backward is not fused; without it GELU's backward writes fc's bf16 dy too. Every fusion on ("1"): the dW GEMMs
+    sum the bias gradients from the bf16 dy (tests/test_linear.py checks those sums), so GELU's backward fuses with
+    fc's bias too; the bias gradients differ from the unfused fp32 sums by bf16's rounding of dy, the rest not."""
+    fused, _, waits = step(device, fusions, monkeypatch, fc_bias)
     unfused, _, _ = step(device, False, monkeypatch, fc_bias)
     assert waits == 0
+    if fusions == "1":  # values: output, dx, then ln's, fc's and proj's parameters' gradients
+        biases = [5, 7] if fc_bias else [6]
+        for i in biases:
+            a, b = fused.pop(i - biases.index(i)), unfused.pop(i - biases.index(i))
+            torch.testing.assert_close(a, b, rtol=0, atol=2 ** -7 * b.abs().max().item(), msg=f"bias {i}")
     assert_same(fused, unfused, device)
     assert not PENDING  # nothing left behind
 
@@ -79,11 +87,11 @@ def test_fusion_drops_the_cast_tasks(monkeypatch, fc_bias):
     """With the casts as tasks of their own (cast_apart), each fused pair drops one task per tile: LayerNorm's
     output (7 row tiles), GELU's (7 x 3) and, without fc's bias, GELU's dx (7 x 3). With the cast inside the GEMM's
     task (the default) the count is the same and the fp32 output and the cast kernel go."""
-    fused, tasks_fused, _ = step("cpu", True, monkeypatch, fc_bias, apart=True)
+    fused, tasks_fused, _ = step("cpu", "bf16_outputs", monkeypatch, fc_bias, apart=True)
     unfused, tasks_unfused, _ = step("cpu", False, monkeypatch, fc_bias, apart=True)
     assert_same(fused, unfused, "cpu")
     assert tasks_unfused - tasks_fused == 7 + 21 + (0 if fc_bias else 21)
-    _, tasks_fused, _ = step("cpu", True, monkeypatch, fc_bias)
+    _, tasks_fused, _ = step("cpu", "bf16_outputs", monkeypatch, fc_bias)
     _, tasks_unfused, _ = step("cpu", False, monkeypatch, fc_bias)
     assert tasks_fused == tasks_unfused
 
@@ -132,7 +140,7 @@ def test_two_bf16_linears_read_one_bf16_copy(monkeypatch):
     """A LayerNorm output read by two bf16 Linears (q and k projections, say): one fused LayerNorm task per tile,
     whose bf16 tiles both GEMMs read; the same values as unfused."""
     def run(fusion):
-        monkeypatch.setenv("NNTILE_FUSION", "1" if fusion else "0")
+        monkeypatch.setenv("NNTILE_FUSION", {True: "1", False: "0"}.get(fusion, fusion))
         ln, fc, _, _ = block("cpu")
         torch.manual_seed(2)
         other = nt.nn.Linear(C, C, tile_size=TILE, batch_tile_size=ROWS, precision="bf16")
@@ -191,15 +199,16 @@ def test_nothing_pending_without_grad_or_fusion(monkeypatch):
 
 def test_converted_gpt2_fused_equals_unfused(monkeypatch):
     """A converted Hugging Face GPT-2 in bf16, one forward and backward: the same loss and gradients bit for bit
-    with fusion on and off, as many host waits, and the casts of LayerNorm's and GELU's outputs gone from the
-    GEMMs (ln_1 -> c_attn, ln_2 -> c_fc, GELU -> c_proj per block, ln_f -> lm_head)."""
+    with the bf16 outputs fused and not, as many host waits, and the casts of LayerNorm's and GELU's outputs gone
+    from the GEMMs (ln_1 -> c_attn, ln_2 -> c_fc, GELU -> c_proj per block, ln_f -> lm_head). Every fusion on: the
+    same loss and waits, no bias_grad task left and nothing else added."""
     transformers = pytest.importorskip("transformers", reason="transformers is installed by scripts/setup.sh")
     cfg = transformers.GPT2Config(n_layer=2, n_embd=96, n_head=6, vocab_size=1000, n_positions=64, resid_pdrop=0.0,
                                   embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
     ids = torch.randint(0, 1000, (3, 37), generator=torch.Generator().manual_seed(11))
 
     def run(fusion):
-        monkeypatch.setenv("NNTILE_FUSION", "1" if fusion else "0")
+        monkeypatch.setenv("NNTILE_FUSION", {True: "1", False: "0"}.get(fusion, fusion))
         torch.manual_seed(0)
         model = nt.convert(transformers.GPT2LMHeadModel(cfg), precision="bf16", tile_size=300, batch_tile_size=37)
         model(ids, labels=ids)  # the first step makes the weights' bf16 copies
@@ -212,8 +221,12 @@ def test_converted_gpt2_fused_equals_unfused(monkeypatch):
         names = [t["name"] for t in trace]
         return [out.loss.materialize()] + [g.materialize() for g in grads], names, waits
 
-    fused, names_fused, waits_fused = run(True)
+    fused, names_fused, waits_fused = run("bf16_outputs")
     unfused, names_unfused, waits_unfused = run(False)
+    every, names_every, waits_every = run(True)  # with the bias gradients in the dW GEMMs too
+    assert waits_every == waits_unfused and torch.equal(every[0], unfused[0])  # the same forward
+    assert "bias_grad" not in names_every and names_unfused.count("bias_grad") > 0
+    assert len(names_every) == len(names_unfused) - names_unfused.count("bias_grad")
     assert waits_fused == waits_unfused
     assert_same(fused, unfused, "cpu")
     # 3 row tiles of 37 rows; a cast per A tile: ln_1 -> c_attn 3, ln_2 -> c_fc 3, GELU -> c_proj 3 x 2 (K = 384
