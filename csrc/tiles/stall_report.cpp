@@ -33,8 +33,11 @@ std::string stall_advice(const std::vector<NodeTiles> &nodes, bool has_disk, int
             outside += o.str();
         }
     }
+    // full of sole copies: most of it sole, and too few copies valid elsewhere too (which StarPU could drop) to
+    // make room: a copy valid on two full nodes is no sole copy on either, but it is room on one of them
     bool all_sole = true;
-    for (const auto *n : full) all_sole = all_sole && n->sole * 5 > n->total * 3;
+    for (const auto *n : full)
+        all_sole = all_sole && n->sole * 5 > n->total * 3 && (n->valid - n->sole) * 10 < n->total;
     int limited = 0;
     for (const auto &n : nodes) limited += n.total > 0;
     const bool no_room = all_sole && (int)full.size() == limited;  // every limited node full of only copies
