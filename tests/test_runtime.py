@@ -362,6 +362,19 @@ def test_disk_node_is_emptied_when_the_process_exits_without_shutdown(tmp_path):
     assert left == [], left[:5]
 
 
+# A subprocess script's watchdog: exit 3, printing the memory nodes (its nodes()), when `last[0]` (the script's
+# progress) is STALL_S seconds old.
+_STALL_GUARD = (
+    "last = [time.monotonic()]\n"
+    "def guard():\n"
+    "    while time.monotonic() - last[0] < float(os.environ['STALL_S']):\n"
+    "        time.sleep(0.2)\n"
+    "    print('stalled:', nodes(), flush=True)\n"
+    "    os._exit(3)\n"
+    "threading.Thread(target=guard, daemon=True).start()\n"
+)
+
+
 # Six AdamW steps of six 640 x 640 fp32 layers (9.4 MiB of weights, 19 of moments) on two CPU workers with host RAM
 # limited to 24 MiB and an 18 MiB disk node: the live tiles fit (about 28 MiB at once) with tiles moving to and from
 # the disk every step, and AdamW marks the moments it updates won't-use. Prints each step's loss; when no step ends
@@ -377,13 +390,7 @@ _STALE_DISK_TRAINING = (
     "def nodes():\n"
     "    return '; '.join(f\"{n['name']}: {n['used_bytes'] / 2**20:.1f} MiB used, valid {n['valid_bytes'] / 2**20:.1f}, \"\n"
     "                     f\"stale {n['stale_bytes'] / 2**20:.1f}\" for n in nt.memory_nodes())\n"
-    "last = [time.monotonic()]\n"
-    "def guard():\n"
-    "    while time.monotonic() - last[0] < float(os.environ['STALL_S']):\n"
-    "        time.sleep(0.2)\n"
-    "    print('stalled:', nodes(), flush=True)\n"
-    "    os._exit(3)\n"
-    "threading.Thread(target=guard, daemon=True).start()\n"
+    + _STALL_GUARD +
     "torch.manual_seed(0)\n"
     "layers = [nt.nn.Linear(640, 640, tile_size=256) for _ in range(6)]\n"
     "opt = nt.optim.AdamW([p for m in layers for p in m.parameters()], lr=1e-2)\n"
@@ -435,13 +442,7 @@ _FULL_DISK_ROUNDS = (
     "def nodes():\n"
     "    return '; '.join(f\"{n['name']}: {n['used_bytes'] / 2**20:.1f} MiB used, live tiles \"\n"
     "                     f\"{n['allocated_bytes'] / 2**20:.1f}\" for n in nt.memory_nodes())\n"
-    "last = [time.monotonic()]\n"
-    "def guard():\n"
-    "    while time.monotonic() - last[0] < float(os.environ['STALL_S']):\n"
-    "        time.sleep(0.2)\n"
-    "    print('stalled:', nodes(), flush=True)\n"
-    "    os._exit(3)\n"
-    "threading.Thread(target=guard, daemon=True).start()\n"
+    + _STALL_GUARD +
     "for r, tile in enumerate([(256, 1024), (128, 1024), (512, 512)]):\n"
     "    keep = [nt.TileTensor.from_dense(torch.full((512, 1024), float(i)), tile) for i in range(18)]\n"
     "    assert all(float(t.materialize()[511, 5]) == i for i, t in enumerate(keep))\n"
