@@ -246,18 +246,17 @@ class LinearFunction(torch.autograd.Function):
             g = tiles_like(x2, name="linear.dx")
             _C.gemm(False, dyc, io, wc, g, 1.0, 0.0, mode, a_source=source)
             dx = TileTensor(g, ctx.x_shape, ctx.x_device)
-        fused = db_in_gemm
-        gb = new_tiles([n], [n_tile], name="linear.db") if fused else None
+        gb = new_tiles([n], [n_tile], name="linear.db") if db_in_gemm else None
         if ctx.needs_input_grad[1]:  # dW = dy^T x (N, K) or x^T dy (K, N)
             g = tiles_like(wt, name="linear.dw")
-            bias_grad = dict(bias_grad=gb, bias_grad_of="b" if io else "a") if fused else {}
+            bias_grad = dict(bias_grad=gb, bias_grad_of="b" if io else "a") if db_in_gemm else {}
             if io:
                 _C.gemm(True, x2, False, dyc, g, 1.0, 0.0, mode, k_over_places=True, **bias_grad)
             else:
                 _C.gemm(True, dyc, False, x2, g, 1.0, 0.0, mode, k_over_places=True, **bias_grad)
             dw = TileTensor(g, wt.shape, ctx.saved_device)
         if want_db:
-            if not fused:
+            if not db_in_gemm:
                 gb = new_tiles([n], [n_tile], name="linear.db")
                 _C.bias_grad(dy2, gb, 0.0)
             db = TileTensor(gb, [n], ctx.saved_device)
