@@ -63,11 +63,13 @@ _EVICTION_TRAINING = (
     "        y = torch.tanh(m(y))\n"
     "    loss = (y * y).mean()\n"
     "    losses.append(loss.item())\n"
+    "    if len(losses) == 1:  # what the disk held when the first loss was computed\n"
+    "        first = sum(len(f) for _, _, f in os.walk(d))\n"
     "    loss.backward(); opt.step(); opt.zero_grad()\n"
     "    spilled = max(spilled, sum(len(f) for _, _, f in os.walk(d)))\n"
     "w = torch.cat([v.flatten().cpu() for m in layers for v in m.state_dict().values()])\n"
     "torch.save(w, os.environ['OUTFILE'])\n"
-    "print('homed', nt._C.host_homed_bytes(), 'spilled', spilled)\n"
+    "print('homed', nt._C.host_homed_bytes(), 'spilled', spilled, 'first', first)\n"
     "print('losses', *[v.hex() for v in losses])\n")
 # The order of the parameters in the weights the script saves: per layer, weight (640 x 640) then bias (640).
 _EVICTION_PARAMS = [(f"layers[{i}].{name}", n) for i in range(6) for name, n in (("weight", 640 * 640),
@@ -112,6 +114,7 @@ class EvictionRun(NamedTuple):
     spilled: int  # the most files the disk node held
     homed: int  # nntile's homed bytes
     losses: list  # each step's loss
+    spilled_first: int  # files on the disk node when the first loss was computed (0: nothing evicted before it)
 
 
 def train_under_eviction(tmp_path, tag, timeout=300, **env):
@@ -127,7 +130,39 @@ def train_under_eviction(tmp_path, tag, timeout=300, **env):
     words = stdout.split()
     losses = [float.fromhex(v) for v in stdout.split("losses", 1)[1].splitlines()[0].split()]
     return EvictionRun(torch.load(out), int(words[words.index("spilled") + 1]), int(words[words.index("homed") + 1]),
-                       losses)
+                       losses, int(words[words.index("first") + 1]))
+
+
+def assert_same_training_runs(tmp_path, what, a, b, check=None):
+    """Runs the eviction training (train_under_eviction, on CPUs with a disk node) once per setting, a and b each
+    (tag, env), calls check(tag, run) on each run, and asserts the same training (assert_same_training).
+
+    One difference is forgiven once, with a warning, by running both settings again: losses that differ from the
+    first step on while the disk node was still empty in both runs, so before anything was evicted, which is not what
+    these tests compare. About one fresh process in 60 to 300 on the 2-core CI machine takes another trajectory from
+    its first forward on, the same one every time (first loss 0x1.9f188ep-10 instead of 0x1.9f14fep-10, with homes
+    and without, in a process whose disk node was still empty then); its cause is not found (docs/measurements.md,
+    'Bit-identical training under eviction'). A difference that appears after the first step, or again in the second
+    pair, fails."""
+    import warnings
+
+    def pair(suffix):
+        runs = []
+        for tag, env in (a, b):
+            run = train_under_eviction(tmp_path, tag + suffix, **env)
+            if check is not None:
+                check(tag, run)
+            runs.append(run)
+        return runs
+
+    x, y = pair("")
+    if not torch.equal(x.weights, y.weights) and x.losses[0] != y.losses[0] \
+            and x.spilled_first == 0 and y.spilled_first == 0:
+        warnings.warn(f"{what}: the first losses differ ({x.losses[0].hex()} against {y.losses[0].hex()}) before "
+                      "anything was evicted (docs/measurements.md, 'Bit-identical training under eviction'); both "
+                      "settings run again")
+        x, y = pair("_again")
+    assert_same_training(x, y, what)
 
 
 def assert_same_training(a, b, what=""):

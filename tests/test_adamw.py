@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import nntile_torch as nt
-from conftest import assert_same_training, max_err, train_under_eviction
+from conftest import assert_same_training_runs, max_err
 
 
 def norm_err(a, ref):
@@ -430,12 +430,12 @@ def test_moments_marked_for_eviction_first_give_the_same_training(tmp_path):
     """NNTILE_EVICT_WONT_USE_FIRST=1 reorders StarPU's eviction (patched StarPU) and must not change a value. Host
     RAM is limited and a disk node registered, so tiles really are evicted (host RAM is then evictable and the
     reordering runs on it); each setting runs in its own process (StarPU reads it once)."""
-    outs = []
-    for flag in ("0", "1"):
-        run = train_under_eviction(tmp_path, flag, NNTILE_EVICT_WONT_USE_FIRST=flag)
+    def check(flag, run):
         assert run.spilled > 0  # tiles went to disk: eviction really ran
-        outs.append(run)
-    assert_same_training(outs[0], outs[1], "NNTILE_EVICT_WONT_USE_FIRST=0 against 1")
+
+    assert_same_training_runs(tmp_path, "NNTILE_EVICT_WONT_USE_FIRST=0 against 1",
+                              ("0", dict(NNTILE_EVICT_WONT_USE_FIRST="0")), ("1", dict(NNTILE_EVICT_WONT_USE_FIRST="1")),
+                              check)
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["state=fp32", "state=bf16"])

@@ -7,7 +7,7 @@ import torch
 
 import nntile_torch as nt
 from nntile_torch import _C
-from conftest import assert_same_training, train_under_eviction
+from conftest import assert_same_training, assert_same_training_runs, train_under_eviction
 
 
 def restart():
@@ -92,13 +92,12 @@ def test_training_under_eviction_is_the_same_with_homes(tmp_path):
     """Host RAM limited to 24 MiB and a disk node, so StarPU evicts tiles (home-less ones to disk) while 12 MiB of
     weights and moments sit in their host homes: the same weights after four AdamW steps as without homes, bit for
     bit. Each setting in its own process (a fresh StarPU)."""
-    outs = []
-    for homes in ("0", "12MiB"):
-        run = train_under_eviction(tmp_path, homes, NNTILE_HOST_HOMES=homes)
+    def check(homes, run):
         assert run.spilled > 0  # tiles went to disk: eviction really ran
         assert (run.homed > 9 * 2**20) == (homes != "0") and run.homed <= 12 * 2**20, run.homed
-        outs.append(run)
-    assert_same_training(outs[0], outs[1], "without homes against with 12 MiB of homes")
+
+    assert_same_training_runs(tmp_path, "without homes against with 12 MiB of homes",
+                              ("0", dict(NNTILE_HOST_HOMES="0")), ("12MiB", dict(NNTILE_HOST_HOMES="12MiB")), check)
 
 
 @pytest.mark.cuda
