@@ -1,6 +1,9 @@
-"""Attention dropout inside the tiled attention: the mask (a hash of seed, sequence, head, query and key) keeps the
-right share, scales by 1 / (1 - p), is the same for a seed and for any tiling; output and gradient against a
-PyTorch reference with the same mask; nanoGPT and Hugging Face GPT-2 with attention dropout train in tiles."""
+"""Attention dropout inside the tiled attention: the mask keeps the right share, scales by 1 / (1 - p), is the same
+for a seed and for any tiling; output and gradient against a PyTorch reference with the same mask; nanoGPT and
+Hugging Face GPT-2 with attention dropout train in tiles. On CPUs the mask is nntile's hash of (seed, sequence, head,
+query, key), which `_C.attention_dropout_keep` gives; on GPUs the fused kernel drops with its Philox generator set
+from the seed and the tile's place, and the tests read its mask off the output of an attention whose values are the
+identity (`kernel_keep`)."""
 import copy
 import importlib.util
 from pathlib import Path
@@ -33,23 +36,45 @@ def masked_reference(qkv, heads, scale, keep, p, bias=None):
     return (probs @ v).transpose(1, 2).reshape(b, t, h * d)
 
 
-def tiled(qkv, rows, heads, scale, p, seed, mask=None, gy=None):
+def tiled(qkv, rows, heads, scale, p, seed, mask=None, gy=None, bf16=False):
     """nntile's attention with dropout on qkv (B, T, 3C) in tiles of `rows` rows: output and gradient, dense."""
     b, t, c3 = qkv.shape
     x = nt.TileTensor.from_dense(qkv, (rows, c3), (b * t, c3)).requires_grad_(True)
-    y = CausalAttentionFunction.apply(x, heads, scale, False, mask, p, seed)
+    y = CausalAttentionFunction.apply(x, heads, scale, bf16, mask, p, seed)
     if gy is None:
         return y.materialize(), None
     (g,) = torch.autograd.grad(y, x, gy)
     return y.materialize(), g.materialize()
 
 
+def one_hot_values(b, t, heads):
+    """qkv (B, T, 3C) with q = k = 0 (uniform causal probabilities 1 / (i + 1)) and each head's values the
+    identity (hd = T): output row i of head h is then row i of that head's dropped probabilities."""
+    c = heads * t
+    qkv = torch.zeros(b, t, 3 * c)
+    qkv[:, :, 2 * c:] = torch.eye(t).repeat(1, heads)
+    return qkv
+
+
+def probabilities_seen(y, b, t, heads):
+    return y.reshape(b, t, heads, t).transpose(1, 2)  # (B, H, query, key)
+
+
+def kernel_keep(device, b, t, heads, p, seed, rows, mask=None, bf16=False):
+    """The keep mask (B, H, T, T) the attention tasks apply for this seed and tiling: nntile's hash on CPUs; on GPUs
+    read off the output for identity values (entries the mask or causality rules out read as dropped)."""
+    if device == "cpu":
+        return _C.attention_dropout_keep(b, heads, t, p, seed)
+    y, _ = tiled(one_hot_values(b, t, heads).to(device), rows, heads, 1.0, p, seed, mask, bf16=bf16)
+    return probabilities_seen(y.cpu(), b, t, heads) != 0
+
+
 @pytest.mark.parametrize("b,t,heads,hd,rows,p", [(3, 37, 3, 8, 37, 0.1), (4, 9, 2, 5, 18, 0.5)],
                          ids=["3x37,3 heads,one seq per tile,p=0.1", "4x9,2 heads,two seqs per tile,p=0.5"])
 @pytest.mark.parametrize("masked", [False, True], ids=["causal", "padding mask"])
 def test_attention_dropout_matches_the_masked_reference(device, b, t, heads, hd, rows, p, masked):
-    """Output and gradient of qkv equal torch's attention with the same mask (from the debug entry point),
-    within twice torch's own float32 error against float64."""
+    """Output and gradient of qkv equal torch's attention with the same mask (nntile's hash on CPUs, the fused
+    kernel's on GPUs: kernel_keep), within twice torch's own float32 error against float64."""
     torch.manual_seed(0)
     c = heads * hd
     qkv = torch.randn(b, t, 3 * c, device=device)
@@ -63,7 +88,7 @@ def test_attention_dropout_matches_the_masked_reference(device, b, t, heads, hd,
         allowed |= torch.eye(t, dtype=torch.bool)  # pads' rows attend to themselves: no row without a key
         bias = torch.zeros(b, 1, t, t).masked_fill(~allowed[:, None], torch.finfo(torch.float32).min).to(device)
         mask = attention_mask_tiles(bias, b, t, rows, device)
-    keep = _C.attention_dropout_keep(b, heads, t, p, seed)
+    keep = kernel_keep(device, b, t, heads, p, seed, rows, mask)
     y, g = tiled(qkv, rows, heads, scale, p, seed, mask, gy)
 
     def ref(x, dtype):
@@ -81,28 +106,15 @@ def test_attention_dropout_matches_the_masked_reference(device, b, t, heads, hd,
     assert (y.cpu() - y_nodrop.cpu()).abs().max().item() > 1e-2
 
 
-def one_hot_values(b, t, heads):
-    """qkv (B, T, 3C) with q = k = 0 (uniform causal probabilities 1 / (i + 1)) and each head's values the
-    identity (hd = T): output row i of head h is then row i of that head's dropped probabilities."""
-    c = heads * t
-    qkv = torch.zeros(b, t, 3 * c)
-    qkv[:, :, 2 * c:] = torch.eye(t).repeat(1, heads)
-    return qkv
-
-
-def probabilities_seen(y, b, t, heads):
-    return y.reshape(b, t, heads, t).transpose(1, 2)  # (B, H, query, key)
-
-
 def test_keep_rate_and_scaling_from_the_output_itself(device):
     """With uniform probabilities and identity values the output shows the mask directly: each kept entry is
-    1 / ((1 - p)(i + 1)), each dropped one 0, the mask is the debug entry point's, and the keep rate is 1 - p
-    within 5 standard deviations."""
+    1 / ((1 - p)(i + 1)), each dropped one 0, on CPUs the mask is the debug entry point's, and the keep rate is
+    1 - p within 5 standard deviations."""
     b, t, heads, p, seed = 5, 40, 3, 0.2, 99
     y, _ = tiled(one_hot_values(b, t, heads).to(device), t, heads, 1.0, p, seed)
     seen = probabilities_seen(y.cpu(), b, t, heads)
     causal = torch.ones(t, t, dtype=torch.bool).tril().expand(b, heads, t, t)
-    keep = _C.attention_dropout_keep(b, heads, t, p, seed)
+    keep = seen != 0 if device != "cpu" else _C.attention_dropout_keep(b, heads, t, p, seed)
     assert torch.equal(seen[causal] != 0, keep[causal])
     assert torch.equal(seen[~causal], torch.zeros_like(seen[~causal]))
     expected = (1.0 / ((1 - p) * (torch.arange(t, dtype=torch.float32) + 1)))[:, None].expand(t, t)
@@ -117,9 +129,10 @@ def test_keep_rate_and_scaling_from_the_output_itself(device):
 
 def test_same_seed_same_mask_for_any_tiling(device):
     """One sequence per tile, two, all in one tile, and an uneven last tile: the same output and gradient (the
-    mask of global sequence s is the same wherever s lies); another seed drops other entries."""
+    mask of global sequence s is the same wherever s lies: on GPUs the memory-efficient kernel's Philox offsets,
+    heads x T x T a multiple of 4); another seed drops other entries."""
     torch.manual_seed(1)
-    b, t, heads, hd, p, seed = 6, 11, 2, 4, 0.3, 42
+    b, t, heads, hd, p, seed = 6, 12, 2, 4, 0.3, 42
     c = heads * hd
     qkv = torch.randn(b, t, 3 * c, device=device)
     gy = torch.randn(b, t, c, device=device)
@@ -139,17 +152,46 @@ def test_same_seed_same_mask_for_any_tiling(device):
     assert torch.equal(pattern[0], pattern[1]) and torch.equal(pattern[0], pattern[2])
 
 
+CUDA = pytest.mark.skipif(not (torch.cuda.is_available() and _C.built_with_cuda),
+                          reason="requires CUDA (a GPU and a CUDA build)")
+
+
 @pytest.mark.cuda
-@pytest.mark.skipif(not (torch.cuda.is_available() and _C.built_with_cuda), reason="requires CUDA (a GPU and a CUDA build)")
-def test_cpu_and_cuda_drop_the_same_entries():
-    """The mask is nntile's hash, not a device generator's: the GPU's tasks drop what the CPU's drop."""
-    torch.manual_seed(2)
-    qkv = torch.randn(3, 21, 3 * 12)
-    gy = torch.randn(3, 21, 12)
-    y_cpu, g_cpu = tiled(qkv, 21, 3, 0.5, 0.25, 7, gy=gy)
-    y_gpu, g_gpu = tiled(qkv.cuda(), 21, 3, 0.5, 0.25, 7, gy=gy.cuda())
-    torch.testing.assert_close(y_gpu.cpu(), y_cpu, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(g_gpu.cpu(), g_cpu, rtol=1e-5, atol=1e-5)
+@CUDA
+@pytest.mark.parametrize("rows", [64, 128], ids=["one seq per tile", "two seqs per tile"])
+def test_gpu_bf16_dropout_runs_in_the_fused_kernel_and_matches_the_masked_reference(rows):
+    """bf16 on a GPU: dropout inside the fused kernel torch would pick (no explicit scores), its mask read off the
+    identity-values output; output and gradient equal the written-out attention over the bf16-rounded q, k, v and
+    dy with that mask, to bf16's rounding (far closer than the attention without dropout); the same seed gives the
+    same mask again, another seed another mask, the share kept is 1 - p; the caller's CUDA random stream is left
+    where it was."""
+    from nntile_torch.runtime import attention_forwards
+    b, t, heads, hd, p, seed = 3, 64, 2, 64, 0.1, 2024
+    c = heads * hd
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(b, t, 3 * c, generator=gen).cuda()
+    gy = torch.randn(b, t, c, generator=gen).cuda()
+    torch.cuda.manual_seed(11)
+    before = torch.cuda.get_rng_state()
+    keep = kernel_keep("cuda", b, t, heads, p, seed, rows, bf16=True)
+    forwards = attention_forwards()
+    y, g = tiled(qkv, rows, heads, hd ** -0.5, p, seed, gy=gy, bf16=True)
+    after = attention_forwards()
+    assert torch.equal(torch.cuda.get_rng_state(), before)  # nntile's launches put the generator back
+    assert sum(after.values()) > sum(forwards.values()) and after.get("cpu", 0) == forwards.get("cpu", 0)
+    assert torch.equal(kernel_keep("cuda", b, t, heads, p, seed, rows, bf16=True), keep)
+    assert not torch.equal(kernel_keep("cuda", b, t, heads, p, seed + 1, rows, bf16=True), keep)
+    causal = torch.ones(t, t, dtype=torch.bool).tril().expand(b, heads, t, t)
+    n = causal.sum().item()
+    assert abs(keep[causal].sum().item() / n - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5
+    x = qkv.bfloat16().float().requires_grad_(True)
+    yr = masked_reference(x, heads, hd ** -0.5, keep, p)
+    (gr,) = torch.autograd.grad(yr, x, gy.bfloat16().float())
+    y_nodrop = masked_reference(qkv.bfloat16().float(), heads, hd ** -0.5, torch.ones_like(keep), 0.0)
+    for ours, ref, what in ((y, yr, "output"), (g, gr, "grad qkv")):
+        err = (ours - ref).abs().max().item() / ref.abs().max().item()
+        assert err < 2e-2, f"{what}: relative error {err:.3e}"
+    assert (y - y_nodrop).abs().max().item() > 10 * (y - yr).abs().max().item()
 
 
 def test_bad_dropout_probability_is_a_clear_error():

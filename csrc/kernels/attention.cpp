@@ -5,6 +5,9 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
+#ifdef NNTILE_USE_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -12,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -79,7 +83,7 @@ std::atomic<bool> refused[4] = {false, false, false, false};
 std::atomic<int64_t> forwards[5] = {0, 0, 0, 0, 0};  // per kernel (index kCpu for the CPU's), for tests
 
 int choose(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, float scale,
-           bool causal) {
+           bool causal, float dropout_p) {
     if (!w.cuda) return kCpu;
     if (!causal || q.scalar_type() != at::kBFloat16) return kEfficient;
     int b = setting.load(std::memory_order_relaxed);
@@ -94,12 +98,16 @@ int choose(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::T
         int64_t scale_bits = 0;
         std::memcpy(&scale_bits, &scale, sizeof scale);
         key.push_back(scale_bits);
+        int64_t p_bits = 0;
+        std::memcpy(&p_bits, &dropout_p, sizeof dropout_p);
+        key.push_back(p_bits);
         auto it = std::find_if(known.begin(), known.end(), [&](const auto &kv) { return kv.first == key; });
         if (it != known.end()) {
             b = it->second;
         } else {
             try {
-                b = (int)at::_fused_sdp_choice(q, k, v, std::nullopt, 0.0, /*is_causal=*/true, (double)scale);
+                b = (int)at::_fused_sdp_choice(q, k, v, std::nullopt, dropout_p, /*is_causal=*/true,
+                                               (double)scale);
             } catch (const c10::Error &) {
                 b = kEfficient;
             }
@@ -129,16 +137,73 @@ at::Tensor attention_bias(const Where &w, const float *mask, int64_t nseq, int64
     return m.expand({nseq, nheads, seq, seq});
 }
 
+// Attention dropout on GPUs, inside the fused kernels: they draw their Philox seed and offset from the device's
+// default CUDA generator when launched (and return them for the backward to replay). So that a task's mask is a
+// function of nntile's seed and the tile's place alone (the forward task and the backward task's recomputation
+// drop alike, whatever ran in between on either CUDA worker), the generator is set around the launch to
+// (splitmix64(seed), the tile's first element index (first_seq * H * Tq * Tk) rounded up to a multiple of 4) and put
+// back after: the user's random stream goes on where it was. The memory-efficient kernel adds (b * H + h) * Tq * Tk
+// to the offset for the tile's sequence b and head h, so its masks are the same for any tiling when H * Tq * Tk is
+// a multiple of 4; flash and cuDNN lay their random numbers out their own way. One scope at a time in the process
+// (launches are asynchronous: the lock is held for microseconds). Torch code drawing CUDA random numbers on another
+// thread during that moment would draw from this stream instead of its own.
+class PhiloxScope {
+  public:
+    PhiloxScope(const Where &w, const AttentionDropout &drop, const at::Tensor &q, const at::Tensor &k) {
+#ifdef NNTILE_USE_CUDA
+        if (!w.cuda || drop.p <= 0.0f) return;
+        static std::mutex one_at_a_time;
+        lock_ = std::unique_lock<std::mutex>(one_at_a_time);
+        gen_ = at::cuda::detail::getDefaultCUDAGenerator(w.device);
+        std::lock_guard<std::mutex> g(gen_.mutex());
+        auto *impl = gen_.get<at::CUDAGeneratorImpl>();
+        seed_ = impl->current_seed();
+        offset_ = impl->get_offset();
+        uint64_t z = (uint64_t)drop.seed + 0x9e3779b97f4a7c15ull;  // splitmix64
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        impl->set_current_seed(z ^ (z >> 31));
+        const uint64_t first = (uint64_t)drop.first_seq * q.size(1) * q.size(2) * k.size(2);
+        impl->set_offset((first + 3) / 4 * 4);
+        active_ = true;
+#else
+        (void)w, (void)drop, (void)q, (void)k;
+#endif
+    }
+    ~PhiloxScope() {
+#ifdef NNTILE_USE_CUDA
+        if (!active_) return;
+        std::lock_guard<std::mutex> g(gen_.mutex());
+        auto *impl = gen_.get<at::CUDAGeneratorImpl>();
+        impl->set_current_seed(seed_);
+        impl->set_offset(offset_);
+#endif
+    }
+    PhiloxScope(const PhiloxScope &) = delete;
+    PhiloxScope &operator=(const PhiloxScope &) = delete;
+
+  private:
+#ifdef NNTILE_USE_CUDA
+    std::unique_lock<std::mutex> lock_;
+    at::Generator gen_;
+    uint64_t seed_ = 0, offset_ = 0;
+    bool active_ = false;
+#endif
+};
+
+// drop.p > 0: dropout on the probabilities, on GPUs only (the CPU's tasks take the explicit path below).
 Forward attend(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, float scale,
-               const at::Tensor &bias) {
+               const at::Tensor &bias, const AttentionDropout &drop = {}) {
     const bool causal = !bias.defined();
     const std::optional<at::Tensor> mask = causal ? std::nullopt : std::optional<at::Tensor>(bias);
-    const int backend = choose(w, q, k, v, scale, causal);
+    const double p = w.cuda ? drop.p : 0.0;
+    const int backend = choose(w, q, k, v, scale, causal, (float)p);
     forwards[backend].fetch_add(1, std::memory_order_relaxed);
+    PhiloxScope rng(w, drop, q, k);
     if (backend == kCudnn) {
         try {
             auto [out, lse, cq, ck, mq, mk, seed, offset, dbg] = at::_scaled_dot_product_cudnn_attention(
-                q, k, v, std::nullopt, /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, /*is_causal=*/true,
+                q, k, v, std::nullopt, /*compute_log_sumexp=*/true, p, /*is_causal=*/true,
                 /*return_debug_mask=*/false, (double)scale);
             Forward f{out, lse, seed, offset, kCudnn, cq, ck};
             f.max_q = mq.expect_int();
@@ -149,9 +214,9 @@ Forward attend(const Where &w, const at::Tensor &q, const at::Tensor &k, const a
         }
     } else if (backend == kFlash) {
         try {
-            auto [out, lse, cq, ck, mq, mk, rng, unused, dbg] = at::_scaled_dot_product_flash_attention(
-                q, k, v, /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false, (double)scale);
-            Forward f{out, lse, rng, unused, kFlash, cq, ck};
+            auto [out, lse, cq, ck, mq, mk, rng_state, unused, dbg] = at::_scaled_dot_product_flash_attention(
+                q, k, v, p, /*is_causal=*/true, /*return_debug_mask=*/false, (double)scale);
+            Forward f{out, lse, rng_state, unused, kFlash, cq, ck};
             f.max_q = mq.expect_int();
             f.max_k = mk.expect_int();
             return f;
@@ -161,7 +226,7 @@ Forward attend(const Where &w, const at::Tensor &q, const at::Tensor &k, const a
     }
     if (w.cuda) {
         auto [out, lse, seed, offset] = at::_scaled_dot_product_efficient_attention(
-            q, k, v, mask, /*compute_log_sumexp=*/true, /*dropout_p=*/0.0, causal, (double)scale);
+            q, k, v, mask, /*compute_log_sumexp=*/true, p, causal, (double)scale);
         return {out, lse, seed, offset, kEfficient};
     }
     auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, mask, (double)scale);
@@ -169,15 +234,18 @@ Forward attend(const Where &w, const at::Tensor &q, const at::Tensor &k, const a
 }
 
 // The fused kernels' backward for q, k, v (nseq, nheads, seq, hp) as attend() takes them: the forward recomputed
-// (nothing of it is kept between the passes), then the gradients of q, k, v in their layouts. dy_view: the output's
+// (nothing of it is kept between the passes; with dropout, the same mask: PhiloxScope), then the gradients of q, k,
+// v in their layouts, the mask replayed from the seed and offset the forward returned. dy_view: the output's
 // gradient (nseq, nheads, seq, hd), float32.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(const Where &w, const at::Tensor &q, const at::Tensor &k,
                                                                const at::Tensor &v, float scale, const at::Tensor &bias,
-                                                               const at::Tensor &dy_view) {
+                                                               const at::Tensor &dy_view,
+                                                               const AttentionDropout &drop = {}) {
     const int64_t hp = q.size(3);
     const bool causal = !bias.defined();
     const std::optional<at::Tensor> opt_bias = causal ? std::nullopt : std::optional<at::Tensor>(bias);
-    auto f = attend(w, q, k, v, scale, bias);
+    const double p = w.cuda ? drop.p : 0.0;
+    auto f = attend(w, q, k, v, scale, bias, drop);
     at::Tensor gq, gk, gv;
     if (f.backend == kCudnn) {
         try {
@@ -185,26 +253,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(const Where &w, co
             auto g_like_out = grad_as(dy_view, hp, q.scalar_type(), f.out);
             std::tie(gq, gk, gv) = at::_scaled_dot_product_cudnn_attention_backward(
                 g_like_out, q, k, v, f.out, f.logsumexp, f.philox_seed, f.philox_offset, at::Tensor(), f.cum_seq_q,
-                f.cum_seq_k, f.max_q, f.max_k, 0.0, /*is_causal=*/true, (double)scale);
+                f.cum_seq_k, f.max_q, f.max_k, p, /*is_causal=*/true, (double)scale);
         } catch (const c10::Error &e) {
             refuse(kCudnn, "backward", e);
-            f = attend(w, q, k, v, scale, bias);  // memory-efficient from now on
+            f = attend(w, q, k, v, scale, bias, drop);  // memory-efficient from now on
         }
     }
     const at::Tensor g = gq.defined() ? at::Tensor() : grad_as(dy_view, hp, q.scalar_type(), at::Tensor());
     if (f.backend == kFlash) {
         try {
             std::tie(gq, gk, gv) = at::_scaled_dot_product_flash_attention_backward(
-                g, q, k, v, f.out, f.logsumexp, f.cum_seq_q, f.cum_seq_k, f.max_q, f.max_k, 0.0, /*is_causal=*/true,
+                g, q, k, v, f.out, f.logsumexp, f.cum_seq_q, f.cum_seq_k, f.max_q, f.max_k, p, /*is_causal=*/true,
                 f.philox_seed, f.philox_offset, (double)scale);
         } catch (const c10::Error &e) {
             refuse(kFlash, "backward", e);
-            f = attend(w, q, k, v, scale, bias);  // memory-efficient from now on
+            f = attend(w, q, k, v, scale, bias, drop);  // memory-efficient from now on
         }
     }
     if (!gq.defined() && w.cuda) {
         std::tie(gq, gk, gv, std::ignore) = at::_scaled_dot_product_efficient_attention_backward(
-            g, q, k, v, bias, f.out, f.logsumexp, f.philox_seed, f.philox_offset, 0.0, {true, true, true, false},
+            g, q, k, v, bias, f.out, f.logsumexp, f.philox_seed, f.philox_offset, p, {true, true, true, false},
             causal, (double)scale);
     } else if (!gq.defined()) {
         std::tie(gq, gk, gv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
@@ -240,10 +308,9 @@ at::Tensor heads_of(const Where &w, const float *x, int64_t nseq, int64_t seq, i
     return strided_heads(w, x, nseq, seq, nh, groups, hd, nh * hd, bf16);
 }
 
-// Attention with dropout on the probabilities, as explicit float32 math on (nseq, nheads, seq, seq) scores, on CPU
-// and GPU alike: the fused kernels draw their dropout from torch's generators, whose masks depend on the device and
-// the launch, where this mask is nntile's hash of global positions (the same for any tiling and device). The
-// scores are materialized (seq x seq per head): correct everywhere, not the GPU's fast path.
+// Attention with dropout on the probabilities on CPUs, as explicit float32 math on (nseq, nheads, seq, seq) scores:
+// the mask is nntile's hash of global positions (the same for any tiling), the scores materialized one sequence at a
+// time (seq x seq per head). GPUs drop inside the fused kernels instead (PhiloxScope).
 struct Dropped {
     at::Tensor q, k, v;  // (nseq, nheads, seq, hd) float32
     at::Tensor probs;    // softmax of the scores, before dropout
@@ -308,7 +375,7 @@ void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int
                        const float *qkv, const float *mask, float *y, const AttentionDropout &drop) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
-    if (drop.p > 0.0f) {
+    if (drop.p > 0.0f && !w.cuda) {
         // one sequence at a time: the (nheads, seq, seq) temporaries of one, not of the whole tile
         const int64_t hd = c / nheads;
         for (int64_t s = 0; s < nseq; ++s) {
@@ -322,7 +389,7 @@ void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int
         return;
     }
     auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads, bf16);
-    auto f = attend(w, q, k, v, scale, attention_bias(w, mask, nseq, seq, nheads, q));
+    auto f = attend(w, q, k, v, scale, attention_bias(w, mask, nseq, seq, nheads, q), drop);
     wrap(y, {nseq, seq, nheads, c / nheads}, w).copy_(unpad(f.out, c / nheads));
 }
 
@@ -332,7 +399,7 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     const int64_t hd = c / nheads;
-    if (drop.p > 0.0f) {
+    if (drop.p > 0.0f && !w.cuda) {
         // one sequence at a time, as the forward
         for (int64_t s = 0; s < nseq; ++s) {
             AttentionDropout one{drop.p, drop.seed, drop.first_seq + s};
@@ -350,7 +417,8 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
     }
     auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads, bf16);
     const auto dy_view = wrap(dy, {nseq, seq, nheads, hd}, w).transpose(1, 2);  // (nseq, nheads, seq, hd)
-    auto [gq, gk, gv] = fused_backward(w, q, k, v, scale, attention_bias(w, mask, nseq, seq, nheads, q), dy_view);
+    auto [gq, gk, gv] =
+        fused_backward(w, q, k, v, scale, attention_bias(w, mask, nseq, seq, nheads, q), dy_view, drop);
     auto out = wrap(dqkv, {nseq, seq, 3, nheads, c / nheads}, w);
     out.select(2, 0).copy_(unpad(gq, hd));
     out.select(2, 1).copy_(unpad(gk, hd));
@@ -363,7 +431,7 @@ void gqa_attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t nh
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     const int64_t groups = nheads / kv_heads;
-    if (drop.p > 0.0f) {  // explicit math, one sequence at a time, as attention_forward's
+    if (drop.p > 0.0f && !w.cuda) {  // explicit math, one sequence at a time, as attention_forward's
         const int64_t wq = nheads * hd, wk = kv_heads * hd;
         for (int64_t s = 0; s < nseq; ++s) {
             AttentionDropout one{drop.p, drop.seed, drop.first_seq + s};
@@ -377,7 +445,7 @@ void gqa_attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t nh
     auto qh = heads_of(w, q, nseq, seq, nheads, 1, hd, bf16);
     auto f = attend(w, qh, heads_of(w, k, nseq, seq, kv_heads, groups, hd, bf16),
                     heads_of(w, v, nseq, seq, kv_heads, groups, hd, bf16), scale,
-                    attention_bias(w, mask, nseq, seq, nheads, qh));
+                    attention_bias(w, mask, nseq, seq, nheads, qh), drop);
     wrap(y, {nseq, seq, nheads, hd}, w).copy_(unpad(f.out, hd));
 }
 
@@ -387,7 +455,7 @@ void gqa_attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t n
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     const int64_t groups = nheads / kv_heads;
-    if (drop.p > 0.0f) {
+    if (drop.p > 0.0f && !w.cuda) {
         const int64_t wq = nheads * hd, wk = kv_heads * hd;
         for (int64_t s = 0; s < nseq; ++s) {
             AttentionDropout one{drop.p, drop.seed, drop.first_seq + s};
@@ -407,7 +475,7 @@ void gqa_attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t n
     const auto dy_view = wrap(dy, {nseq, seq, nheads, hd}, w).transpose(1, 2);  // (nseq, nheads, seq, hd)
     auto [gq, gk, gv] = fused_backward(w, qh, heads_of(w, k, nseq, seq, kv_heads, groups, hd, bf16),
                                        heads_of(w, v, nseq, seq, kv_heads, groups, hd, bf16), scale,
-                                       attention_bias(w, mask, nseq, seq, nheads, qh), dy_view);
+                                       attention_bias(w, mask, nseq, seq, nheads, qh), dy_view, drop);
     wrap(dq, {nseq, seq, nheads, hd}, w).copy_(unpad(gq, hd));
     // a k/v head's gradient is the sum over the query heads of its group (repeat_kv's backward), in float32
     for (auto [g, out] : {std::pair{gk, dk}, std::pair{gv, dv}}) {

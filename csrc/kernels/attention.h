@@ -15,10 +15,12 @@
 
 namespace nntile::kernels {
 
-// Dropout on the attention probabilities: p = 0 for none. Probability (s, h, i, j) of global sequence
-// s = first_seq + the tile's sequence, head h, query i, key j is kept (and scaled by 1 / (1 - p)) where the
-// splitmix64 hash of (seed, ((s * nheads + h) * seq + i) * seq + j) says so, as kernels::dropout draws its masks:
-// the same on CPU and GPU, for any tiling, and never stored (the backward recomputes it).
+// Dropout on the attention probabilities: p = 0 for none. Kept entries are scaled by 1 / (1 - p); the backward
+// recomputes the mask, which is never stored. On CPUs probability (s, h, i, j) of global sequence s = first_seq + the
+// tile's sequence, head h, query i, key j is kept where the splitmix64 hash of (seed, ((s * nheads + h) * seq + i) *
+// seq + j) says so, as kernels::dropout draws its masks: the same for any tiling. On GPUs the fused kernel drops with
+// its own Philox generator set from (seed, first_seq) for the launch: deterministic for a seed and a tiling, another
+// mask than the CPU's (attention.cpp, PhiloxScope).
 struct AttentionDropout {
     float p = 0.0f;
     int64_t seed = 0, first_seq = 0;
