@@ -822,12 +822,11 @@ def test_the_eviction_comparison_reruns_only_a_difference_from_before_any_evicti
     for script, passes, ncalls in cases:
         run, calls = fake(script)
         monkeypatch.setattr(conftest, "train_under_eviction", run)
-        if passes:
-            with warnings.catch_warnings(record=True):
-                warnings.simplefilter("always")
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            if passes:
                 conftest.assert_same_training_runs(tmp_path, "fake", ("a", {}), ("b", {}))
-        else:
-            with pytest.raises(AssertionError), warnings.catch_warnings(record=True):
-                warnings.simplefilter("always")
-                conftest.assert_same_training_runs(tmp_path, "fake", ("a", {}), ("b", {}))
+            else:
+                with pytest.raises(AssertionError):
+                    conftest.assert_same_training_runs(tmp_path, "fake", ("a", {}), ("b", {}))
         assert len(calls) == ncalls, (script, calls)
