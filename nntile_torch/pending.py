@@ -52,7 +52,7 @@ def defer(submit, out, side=(), inputs=()):
 
 def pending(tiles):
     """Whether C++ `tiles` have a pending producer."""
-    return bool(PENDING) and tiles in PENDING
+    return bool(PENDING.data) and tiles in PENDING
 
 
 def _forget(p):
