@@ -191,7 +191,7 @@ def test_gpu_bf16_dropout_runs_in_the_fused_kernel_and_matches_the_masked_refere
     for ours, ref, what in ((y, yr, "output"), (g, gr, "grad qkv")):
         err = (ours - ref).abs().max().item() / ref.abs().max().item()
         assert err < 2e-2, f"{what}: relative error {err:.3e}"
-    assert (y - y_nodrop).abs().max().item() > 10 * (y - yr).abs().max().item()
+    assert (y - y_nodrop).abs().max().item() > 4 * (y - yr).abs().max().item()
 
 
 def test_bad_dropout_probability_is_a_clear_error():
