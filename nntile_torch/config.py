@@ -1,4 +1,5 @@
 """Project-wide defaults."""
+import functools
 import math
 import os
 
@@ -76,7 +77,13 @@ def fusion_enabled(name=None):
     all) turns every one on, a comma list keeps those only (e.g. NNTILE_FUSION=bias_grad): for measuring a fusion
     against the unfused graph in one process and one build (benchmarks) and for bisecting a numerical difference;
     read at each op, so a test can switch it."""
-    value = os.environ.get("NNTILE_FUSION", "").strip().lower()
+    names = _fusions(os.environ.get("NNTILE_FUSION", ""))
+    return bool(names) if name is None else name in names
+
+
+@functools.lru_cache(maxsize=8)
+def _fusions(value):
+    value = value.strip().lower()
     if value in ("1", "on", "true", "all"):
         names = set(FUSIONS)
     elif value in ("0", "off", "false", "none"):
@@ -89,4 +96,4 @@ def fusion_enabled(name=None):
         if unknown:
             raise ValueError(f"NNTILE_FUSION: unknown fusion(s) {sorted(unknown)} (known: {', '.join(FUSIONS)}; "
                              f"0, 1 or all)")
-    return bool(names) if name is None else name in names
+    return frozenset(names)

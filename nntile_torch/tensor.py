@@ -195,10 +195,7 @@ class TileTensor(torch.Tensor):
             flush(raw)
         return raw
 
-    @property
-    def tiles(self):
-        """The C++ tiled tensor (shape, tile_shape, grid, ...)."""
-        return self._tiles
+    tiles = _tiles  # one property call, not two
 
     @property
     def tiles_unflushed(self):

@@ -436,8 +436,8 @@ def test_gqa_attention_dropout_matches_the_masked_reference(device, b, t, heads,
     """Attention dropout inside the grouped-query attention task (Llama's attention_dropout in training): output and
     the gradients of q, k, v equal the written-out attention with the same keep mask (one per query head: on CPUs
     the debug entry point's, hashed from the sequence's global index; on GPUs the fused kernel's, read off its
-    output), within twice torch's own float32 error; the keep rate is about 1 - p; another seed drops other
-    entries."""
+    output), within twice torch's own float32 error (3x on GPUs); the keep rate is about 1 - p; another seed drops
+    other entries."""
     from nntile_torch import _C
     from nntile_torch.functional import attention_mask_tiles
     from nntile_torch.functional_llama import GQAttentionFunction
@@ -479,9 +479,11 @@ def test_gqa_attention_dropout_matches_the_masked_reference(device, b, t, heads,
     d64 = [z.double().requires_grad_(True) for z in (q, k, v)]
     y64 = gqa_dropped_ref(*d64, heads, kv_heads, keep, p, mask)
     g64 = torch.autograd.grad(y64, d64, gy.double())
-    assert_close_as_torch(y, yr, y64, what="output")
+    # on GPUs the fused kernel's own summation order: within 3x (a k/v head's gradient sums a group of up to 6)
+    factor = 2.0 if device == "cpu" else 3.0
+    assert_close_as_torch(y, yr, y64, factor=factor, what="output")
     for name, a, r, r64 in zip("qkv", grads, gr, g64):
-        assert_close_as_torch(a, r, r64, what=f"grad {name}")
+        assert_close_as_torch(a, r, r64, factor=factor, what=f"grad {name}")
 
 
 def test_hf_llama_with_attention_dropout_trains_in_tiles(device):

@@ -257,3 +257,21 @@ def test_dropout_mask_does_not_depend_on_the_tiling(device):
     assert 0.5 < kept.float().mean().item() < 0.7
     for i, y in enumerate(outs[1:], 1):
         assert torch.equal(y, outs[0]), f"tiling {i} gives another mask"
+
+
+def test_dropout_task_draws_the_hash_of_the_element_index(device):
+    """The dropout task's mask (a one-pass loop on CPUs, a kernel on GPUs) is the splitmix64 hash of each element's
+    index in the whole tensor that _C.attention_dropout_keep computes with ATen integer ops, over partial 4-d
+    tiles; kept elements are x times 1 / (1 - p) exactly (p as the float32 the task gets, the factor rounded to
+    float32)."""
+    from nntile_torch import _C
+    for p, seed in [(0.3, 5), (0.9, 2 ** 40 + 7)]:
+        x = torch.randn(3, 4, 7, 7, device=device)
+        xt = nt.TileTensor.from_dense(x, (2, 3, 4, 5))
+        yt = nt.TileTensor.empty(x.shape, (2, 3, 4, 5), device=device)
+        _C.dropout(xt.tiles, yt.tiles, p, seed)
+        y = yt.materialize()
+        keep = _C.attention_dropout_keep(3, 4, 7, p, seed, 0).to(device)
+        assert torch.equal(y != 0, keep)
+        scale = torch.tensor(1.0 / (1.0 - torch.tensor(p).item()), dtype=torch.float32, device=device)
+        assert torch.equal(y[keep], (x * scale)[keep])

@@ -85,7 +85,10 @@ std::atomic<int64_t> forwards[5] = {0, 0, 0, 0, 0};  // per kernel (index kCpu f
 int choose(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, float scale,
            bool causal, float dropout_p) {
     if (!w.cuda) return kCpu;
-    if (!causal || q.scalar_type() != at::kBFloat16) return kEfficient;
+    // With dropout, the memory-efficient kernel: its masks are checked against the output for identity values
+    // (tests/test_attention_dropout.py); flash's or cuDNN's, read the same way on an H100, did not give their
+    // outputs for other values of the same shapes.
+    if (!causal || q.scalar_type() != at::kBFloat16 || dropout_p > 0.0f) return kEfficient;
     int b = setting.load(std::memory_order_relaxed);
     if (b < 0) {
         // torch's choice for this geometry, asked once per worker thread (its checks cost tens of microseconds of
@@ -137,16 +140,16 @@ at::Tensor attention_bias(const Where &w, const float *mask, int64_t nseq, int64
     return m.expand({nseq, nheads, seq, seq});
 }
 
-// Attention dropout on GPUs, inside the fused kernels: they draw their Philox seed and offset from the device's
-// default CUDA generator when launched (and return them for the backward to replay). So that a task's mask is a
-// function of nntile's seed and the tile's place alone (the forward task and the backward task's recomputation
-// drop alike, whatever ran in between on either CUDA worker), the generator is set around the launch to
-// (splitmix64(seed), the tile's first element index (first_seq * H * Tq * Tk) rounded up to a multiple of 4) and put
-// back after: the user's random stream goes on where it was. The memory-efficient kernel adds (b * H + h) * Tq * Tk
-// to the offset for the tile's sequence b and head h, so its masks are the same for any tiling when H * Tq * Tk is
-// a multiple of 4; flash and cuDNN lay their random numbers out their own way. One scope at a time in the process
-// (launches are asynchronous: the lock is held for microseconds). Torch code drawing CUDA random numbers on another
-// thread during that moment would draw from this stream instead of its own.
+// Attention dropout on GPUs, inside the fused kernel (the memory-efficient one: choose()), which draws its Philox
+// seed and offset from the device's default CUDA generator when launched (and returns them for the backward to
+// replay). So that a task's mask is a function of nntile's seed and the tile's place alone (the forward task and the
+// backward task's recomputation drop alike, whatever ran in between on either CUDA worker), the generator is set
+// around the launch to (splitmix64(seed), the tile's first element index first_seq * H * Tq * Tk rounded up to a
+// multiple of 4) and put back after: the user's random stream goes on where it was. The kernel adds
+// (b * H + h) * Tq * Tk to the offset for the tile's sequence b and head h, so the masks are the same for any tiling
+// when H * Tq * Tk is a multiple of 4. One scope at a time in the process (launches are asynchronous: the lock is
+// held for microseconds). Torch code drawing CUDA random numbers on another thread during that moment would draw
+// from this stream instead of its own.
 class PhiloxScope {
   public:
     PhiloxScope(const Where &w, const AttentionDropout &drop, const at::Tensor &q, const at::Tensor &k) {

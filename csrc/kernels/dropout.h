@@ -3,8 +3,17 @@
 // never stored, and the backward (the same op on dy) recomputes it.
 #pragma once
 #include <cstdint>
+#ifdef NNTILE_USE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 #include "aten_tile.h"
+
+#ifdef __CUDACC__
+#define NNTILE_DROPOUT_HD __host__ __device__
+#else
+#define NNTILE_DROPOUT_HD
+#endif
 
 namespace nntile::kernels {
 
@@ -17,7 +26,24 @@ struct DropoutTile {
     int64_t extents[kDropoutMaxDims] = {}, strides[kDropoutMaxDims] = {};
 };
 
+// The 24 uniform bits of element `index`'s keep draw for salt = seed * 0x9E3779B97F4A7C15 (splitmix64 of
+// salt + index, wrapping); the element is kept when they are below dropout_threshold(p), then scaled by
+// dropout_scale(p).
+NNTILE_DROPOUT_HD inline int64_t dropout_hash(uint64_t salt, uint64_t index) {
+    uint64_t z = index + salt;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z = z ^ (z >> 31);
+    return (int64_t)(z >> 40);
+}
+inline int64_t dropout_threshold(float p) { return (int64_t)((1.0 - (double)p) * (double)(1 << 24)); }
+inline float dropout_scale(float p) { return (float)(1.0 / (1.0 - (double)p)); }
+
+// y = x * (keep ? 1 / (1 - p) : 0) over the tile, in one pass.
 void dropout(const Where &w, const DropoutTile &tile, int64_t seed, float p, const float *x, float *y);
+#ifdef NNTILE_USE_CUDA
+void dropout_cuda(cudaStream_t stream, const DropoutTile &tile, int64_t seed, float p, const float *x, float *y);
+#endif
 // The keep mask (bool) of int64 element indices `index` (any shape and device), as dropout draws it.
 at::Tensor dropout_keep(const at::Tensor &index, int64_t seed, float p);
 
