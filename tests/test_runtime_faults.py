@@ -11,21 +11,23 @@ import pytest
 
 from conftest import run_python
 
-# A dropout task whose kernel cannot allocate its temporaries: the address space is limited (RLIMIT_AS) to what
-# the process has plus 96 MiB once the tiles exist, and the kernel's int64 index tensors take 128 MiB each.
+# An attention task whose kernel cannot allocate its temporaries: the address space is limited (RLIMIT_AS) to what
+# the process has plus 96 MiB once the tiles exist, and the CPU's attention with dropout makes a sequence's
+# (heads, seq, seq) scores and probabilities (64 MiB each here) and its mask's int64 indices (128 MiB).
 _OOM_IN_A_TASK = """
 import os, resource, time, torch, nntile_torch as nt
 from nntile_torch import _C
 nt.init(ncpus=1, ncuda=0)
-n = 1 << 24
-x = nt.TileTensor.from_dense(torch.ones(n), (n,))
-y = nt.TileTensor.from_dense(torch.zeros(n), (n,))
+seq, heads, c = 2048, 4, 16
+qkv = nt.TileTensor.from_dense(torch.randn(seq, 3 * c), (seq, 3 * c))
+x = nt.TileTensor.from_dense(torch.ones(seq, c), (seq, c))
+y = nt.TileTensor.from_dense(torch.zeros(seq, c), (seq, c))
 kept = nt.TileTensor.from_dense(torch.arange(10.0), (10,))
 nt.synchronize()
 soft, hard = resource.getrlimit(resource.RLIMIT_AS)
 vm = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
 resource.setrlimit(resource.RLIMIT_AS, (vm + (96 << 20), hard))
-_C.dropout(x.tiles, y.tiles, 0.5, 1)
+_C.attention_forward(qkv.tiles, y.tiles, seq, heads, 0.5, False, None, 0.1, 1)
 while _C.tasks_pending():
     time.sleep(0.01)
 resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
@@ -48,7 +50,7 @@ print("ok")
 """
     rc, out, err = run_python(code, 120, what="the out-of-memory script")
     assert rc == 0, err[-3000:]
-    assert "raised by the next op: a dropout task failed" in out, out
+    assert "raised by the next op: a attention_forward task failed" in out, out
     assert "can't allocate memory" in out and "ok" in out, out
 
 
@@ -64,7 +66,7 @@ except torch.OutOfMemoryError as e:
 print("running after shutdown:", nt.is_running())
 nt.init(ncpus=1, ncuda=0)
 assert torch.equal(kept.materialize(), torch.arange(10.0))
-assert torch.equal(x.materialize(), torch.ones(n))
+assert torch.equal(x.materialize(), torch.ones(seq, c))
 nt.synchronize()
 nt.shutdown()
 nt.init(ncpus=1, ncuda=0)
@@ -73,7 +75,7 @@ print("ok")
 """
     rc, out, err = run_python(code, 120, what="the shutdown script")
     assert rc == 0, err[-3000:]
-    assert "shutdown raised: a dropout task failed" in out, out
+    assert "shutdown raised: a attention_forward task failed" in out, out
     assert "running after shutdown: False" in out and "ok" in out, out
 
 
