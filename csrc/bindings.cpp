@@ -292,10 +292,10 @@ PYBIND11_MODULE(_C, m) {
           py::arg("backward") = false);
     m.def("attention_forward", &ops::attention_forward, nogil, py::arg("qkv"), py::arg("y"), py::arg("seq"),
           py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr,
-          py::arg("dropout_p") = 0.0f, py::arg("seed") = 0);
+          py::arg("dropout_p") = 0.0f, py::arg("seed") = 0, py::arg("stats") = nullptr);
     m.def("attention_backward", &ops::attention_backward, nogil, py::arg("dy"), py::arg("qkv"), py::arg("dqkv"),
           py::arg("seq"), py::arg("nheads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr,
-          py::arg("dropout_p") = 0.0f, py::arg("seed") = 0);
+          py::arg("dropout_p") = 0.0f, py::arg("seed") = 0, py::arg("y") = nullptr, py::arg("stats") = nullptr);
     m.def("gqa_attention_forward", &ops::gqa_attention_forward, nogil, py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("y"), py::arg("seq"), py::arg("nheads"), py::arg("kv_heads"), py::arg("scale"),
           py::arg("bf16") = false, py::arg("mask") = nullptr, py::arg("dropout_p") = 0.0f, py::arg("seed") = 0);

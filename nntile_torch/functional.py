@@ -394,14 +394,24 @@ def _zeros(like):
     return z
 
 
+def attention_stats(ctx, qkv_tiles, seq, nheads):
+    """New tiles for the softmax statistics an attention forward keeps for its backward (float32, one row of
+    nheads x seq log-sum-exps per sequence, tiled by qkv's sequences), or None where no backward will run."""
+    if isinstance(ctx, _NoGradContext):
+        return None
+    rows = qkv_tiles.shape[0] // seq
+    return new_tiles([rows, nheads * seq], [qkv_tiles.tile_shape[0] // seq, nheads * seq], name="attention.stats")
+
+
 class CausalAttentionFunction(torch.autograd.Function):
     """Multi-head self-attention: qkv (B, T, 3C), a TileTensor whose tiles hold whole rows and whole sequences (row
     tile a multiple of T), -> y (B, T, C) with heads side by side, tiled by the same rows. Causal, or with `mask`:
     C++ tiles (B * T, T) of an additive float mask tiled by qkv's rows (attention_mask_tiles; causality is then the
-    mask's). One task per row tile; the backward task recomputes the forward (no T x T matrix is kept). bf16: the
+    mask's). One task per row tile; no T x T matrix is kept: the backward reads the output and each query's softmax
+    log-sum-exp, which the forward keeps (attention_stats; 4 bytes per head and position). bf16: the
     kernel computes in bfloat16, as torch's attention under bf16 autocast (tiles stay float32). dropout_p > 0:
     dropout on the attention probabilities, the mask a hash of (seed, sequence, head, query, key) made inside the
-    tasks (the same for any tiling, never stored; the backward recomputes it from the seed)."""
+    tasks (the same for any tiling, never stored; the backward draws it again from the seed)."""
 
     @staticmethod
     @without_torch_function
@@ -409,8 +419,9 @@ class CausalAttentionFunction(torch.autograd.Function):
         t = qkv.tiles
         b, seq, c = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         y = new_tiles([t.shape[0], c], [t.tile_shape[0], c], name="attention.y")
-        _C.attention_forward(t, y, seq, nheads, scale, bf16, mask, dropout_p, seed)
-        keep(ctx, qkv.device, t, y)
+        stats = attention_stats(ctx, t, seq, nheads)
+        _C.attention_forward(t, y, seq, nheads, scale, bf16, mask, dropout_p, seed, stats)
+        keep(ctx, qkv.device, t, y, *([stats] if stats is not None else []))
         ctx.seq, ctx.nheads, ctx.scale, ctx.bf16, ctx.mask = seq, nheads, scale, bf16, mask
         ctx.dropout_p, ctx.seed = dropout_p, seed
         ctx.shape, ctx.device = qkv.shape, qkv.device
@@ -420,10 +431,10 @@ class CausalAttentionFunction(torch.autograd.Function):
     @without_torch_function
     @frees_saved
     def backward(ctx, dy):
-        t, y = kept(ctx)
+        t, y, *stats = kept(ctx)
         dqkv = tiles_like(t, name="attention.dqkv")
         _C.attention_backward(tiles_of(y.shape, y.tile_shape, dy), t, dqkv, ctx.seq, ctx.nheads, ctx.scale, ctx.bf16,
-                              ctx.mask, ctx.dropout_p, ctx.seed)
+                              ctx.mask, ctx.dropout_p, ctx.seed, y if stats else None, stats[0] if stats else None)
         return TileTensor(dqkv, ctx.shape, ctx.device), None, None, None, None, None, None
 
 
@@ -442,8 +453,9 @@ class HeadsAttentionFunction(torch.autograd.Function):
         b, h, seq, d = q.shape
         c = h * d
         y = new_tiles([t.shape[0], c], [t.tile_shape[0], c], name="attention.y")
-        _C.attention_forward(t, y, seq, h, scale, bf16, mask, dropout_p, seed)
-        keep(ctx, q.device, t, y)
+        stats = attention_stats(ctx, t, seq, h)
+        _C.attention_forward(t, y, seq, h, scale, bf16, mask, dropout_p, seed, stats)
+        keep(ctx, q.device, t, y, *([stats] if stats is not None else []))
         ctx.geometry = [(tuple(z.shape), tuple(z.stride()), z.storage_offset()) for z in (q, k, v)]
         ctx.seq, ctx.h, ctx.scale, ctx.bf16, ctx.mask, ctx.device = seq, h, scale, bf16, mask, q.device
         ctx.dropout_p, ctx.seed = dropout_p, seed
@@ -453,12 +465,12 @@ class HeadsAttentionFunction(torch.autograd.Function):
     @without_torch_function
     @frees_saved
     def backward(ctx, dy):
-        t, y = kept(ctx)
+        t, y, *stats = kept(ctx)
         b, h, seq, d = dy.shape
         dy2 = dy.transpose(1, 2).reshape(b * seq, h * d)  # views of the tiles when dy is the output's geometry
         dqkv = tiles_like(t, name="attention.dqkv")
         _C.attention_backward(tiles_of(y.shape, y.tile_shape, dy2), t, dqkv, ctx.seq, ctx.h, ctx.scale, ctx.bf16,
-                              ctx.mask, ctx.dropout_p, ctx.seed)
+                              ctx.mask, ctx.dropout_p, ctx.seed, y if stats else None, stats[0] if stats else None)
         grads = tuple(view_of(dqkv, shape, stride, offset, ctx.device) for shape, stride, offset in ctx.geometry)
         return (*grads, None, None, None, None, None)
 

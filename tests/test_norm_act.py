@@ -182,10 +182,72 @@ def test_bf16_attention_runs_the_kernel_torch_would_pick(device):
         q, k, v = (u.reshape(b, t, heads, hd).transpose(1, 2).bfloat16() for u in qkv.split(c, dim=2))
         choice = torch._fused_sdp_choice(q, k, v, is_causal=True, scale=scale)
         expected = {1: "flash", 3: "cudnn"}.get(choice, "efficient")
-    assert used == {expected: 2 * b}, used  # per sequence tile: the forward and the backward's recomputation
+    assert used == {expected: b}, used  # one per sequence tile: the backward reads the forward's statistics
     yr, gr, y64, g64 = bf16_and_float64_references(qkv, gy, heads, scale)
     assert_close_as_torch(y, yr, y64, what="bf16 output")
     assert_close_as_torch(g, gr, g64, what="bf16 grad qkv")
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "masked"])
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows,p", [(23, 0.0), (46, 0.0), (46, 0.25)], ids=["1seq", "2seq", "2seq-dropout"])
+def test_attention_backward_from_the_kept_statistics_equals_the_recomputing_one(device, masked, bf16, rows, p):
+    """The forward keeps each query's softmax log-sum-exp (natural log, as float64 computes it from the bf16 or fp32
+    q and k the kernel read); the backward given the output and those statistics runs no forward, and its gradient
+    is the one of the backward that recomputes the forward: bit for bit on CPUs, to the fused kernels' rounding on
+    GPUs (their backward sums in no fixed order). Three sequences of 23 (awkward: no multiple of 8 or 32), head size
+    12 (padded to 16 on GPUs), 1 or 2 sequences per tile (the last tile partial), causal or a padding mask, with
+    attention dropout (on CPUs the explicit path, which keeps nothing)."""
+    from nntile_torch import _C
+    from nntile_torch.runtime import attention_forwards
+    from nntile_torch.tensor import new_tiles, tiles_like
+    b, t, heads, hd, seed = 3, 23, 2, 12, 77
+    c, scale = heads * hd, hd ** -0.5
+    gen = torch.Generator().manual_seed(21)
+    qkv = torch.randn(b * t, 3 * c, generator=gen).to(device)
+    dy = torch.randn(b * t, c, generator=gen).to(device)
+    mask = None
+    if masked:  # causal, and the first keys of the second sequence padded away
+        m = torch.zeros(b, t, t).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        m[1, :, :3] = float("-inf")
+        m[1, :3, 0] = 0.0  # every query keeps a key
+        mask = nt.TileTensor.from_dense(m.reshape(b * t, t).to(device), (rows, t)).tiles
+    x = nt.TileTensor.from_dense(qkv, (rows, 3 * c)).tiles
+    g = nt.TileTensor.from_dense(dy, (rows, c)).tiles
+    y = new_tiles([b * t, c], [rows, c])
+    stats = new_tiles([b, heads * t], [rows // t, heads * t])
+    _C.attention_forward(x, y, t, heads, scale, bf16, mask, p, seed, stats)
+    dense = nt.TileTensor(stats, (b, heads, t), device).materialize().double()
+    before = attention_forwards()
+    d_kept = tiles_like(x)
+    _C.attention_backward(g, x, d_kept, t, heads, scale, bf16, mask, p, seed, y, stats)
+    nt.synchronize()
+    middle = attention_forwards()
+    d_again = tiles_like(x)
+    _C.attention_backward(g, x, d_again, t, heads, scale, bf16, mask, p, seed)
+    nt.synchronize()
+    after = attention_forwards()
+    explicit = p > 0 and device == "cpu"  # the explicit dropout path: no fused kernel either way
+    assert middle == before, (before, middle)
+    assert sum(after.values()) - sum(middle.values()) == (0 if explicit else -(-b * t // rows))
+    ours = nt.TileTensor(d_kept, (b * t, 3 * c), device).materialize()
+    theirs = nt.TileTensor(d_again, (b * t, 3 * c), device).materialize()
+    if device == "cpu":
+        assert torch.equal(ours, theirs)
+    else:
+        err = (ours - theirs).abs().max().item() / theirs.abs().max().item()
+        assert err < (1e-2 if bf16 else 1e-5), f"relative difference {err:.2e}"
+    if explicit:
+        return
+    q, k = (u.reshape(b, t, heads, hd).transpose(1, 2).double() for u in qkv.split(c, dim=1)[:2])
+    if bf16:
+        q, k = q.bfloat16().double(), k.bfloat16().double()
+    scores = q @ k.transpose(2, 3) * scale
+    bias = m.to(device).double().unsqueeze(1) if masked else \
+        torch.zeros(t, t, device=device, dtype=torch.double).masked_fill(
+            torch.ones(t, t, dtype=torch.bool, device=device).triu(1), float("-inf"))
+    lse = torch.logsumexp(scores + bias, -1)
+    torch.testing.assert_close(dense, lse, rtol=0, atol=1e-2 if bf16 else 1e-5)
 
 
 def test_embedding_matches_torch(device):

@@ -13,30 +13,37 @@ struct AttentionArgs {
     bool bf16;
     bool masked;  // a mask tile follows qkv in the buffers
     kernels::AttentionDropout drop;
+    bool kept;  // the forward writes its statistics into a stats tile (last), the backward reads y and them (last)
 };
 
 uint32_t attention_footprint(starpu_task *task) {
     const auto &a = args_of<AttentionArgs>(task);
-    return hash_ints({a.nseq, a.seq, a.c, a.nheads, a.bf16 ? 1 : 0, a.masked ? 1 : 0, a.drop.p > 0.0f ? 1 : 0});
+    return hash_ints({a.nseq, a.seq, a.c, a.nheads, a.bf16 ? 1 : 0, a.masked ? 1 : 0, a.drop.p > 0.0f ? 1 : 0,
+                      a.kept ? 1 : 0});
 }
 
 template <bool Cuda>
-void fwd_func(void *buffers[], void *cl_arg) {  // buffers: qkv, [mask], y
+void fwd_func(void *buffers[], void *cl_arg) {  // buffers: qkv, [mask], y, [stats]
     auto *a = static_cast<AttentionArgs *>(cl_arg);
-    const float *mask = a->masked ? (const float *)STARPU_VECTOR_GET_PTR(buffers[1]) : nullptr;
+    const int m = a->masked ? 1 : 0;
+    const float *mask = m ? (const float *)STARPU_VECTOR_GET_PTR(buffers[1]) : nullptr;
     kernels::attention_forward(where<Cuda>(), a->nseq, a->seq, a->c, a->nheads, a->scale, a->bf16,
                                (const float *)STARPU_VECTOR_GET_PTR(buffers[0]), mask,
-                               (float *)STARPU_VECTOR_GET_PTR(buffers[a->masked ? 2 : 1]), a->drop);
+                               (float *)STARPU_VECTOR_GET_PTR(buffers[1 + m]), a->drop,
+                               a->kept ? (float *)STARPU_VECTOR_GET_PTR(buffers[2 + m]) : nullptr);
 }
 
 template <bool Cuda>
-void bwd_func(void *buffers[], void *cl_arg) {  // buffers: dy, qkv, [mask], dqkv
+void bwd_func(void *buffers[], void *cl_arg) {  // buffers: dy, qkv, [mask], dqkv, [y, stats]
     auto *a = static_cast<AttentionArgs *>(cl_arg);
-    const float *mask = a->masked ? (const float *)STARPU_VECTOR_GET_PTR(buffers[2]) : nullptr;
+    const int m = a->masked ? 1 : 0;
+    const float *mask = m ? (const float *)STARPU_VECTOR_GET_PTR(buffers[2]) : nullptr;
     kernels::attention_backward(where<Cuda>(), a->nseq, a->seq, a->c, a->nheads, a->scale, a->bf16,
                                 (const float *)STARPU_VECTOR_GET_PTR(buffers[0]),
                                 (const float *)STARPU_VECTOR_GET_PTR(buffers[1]), mask,
-                                (float *)STARPU_VECTOR_GET_PTR(buffers[a->masked ? 3 : 2]), a->drop);
+                                (float *)STARPU_VECTOR_GET_PTR(buffers[2 + m]), a->drop,
+                                a->kept ? (const float *)STARPU_VECTOR_GET_PTR(buffers[3 + m]) : nullptr,
+                                a->kept ? (const float *)STARPU_VECTOR_GET_PTR(buffers[4 + m]) : nullptr);
 }
 
 starpu_codelet *cl_fwd() {
@@ -194,31 +201,44 @@ void submit_gqa_attention_backward(int64_t nseq, int64_t seq, int64_t nheads, in
 
 void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                               starpu_data_handle_t qkv, starpu_data_handle_t mask, starpu_data_handle_t y,
-                              float dropout_p, int64_t seed, int64_t first_seq) {
-    const bool masked = mask != nullptr;
+                              float dropout_p, int64_t seed, int64_t first_seq, starpu_data_handle_t stats) {
+    const bool masked = mask != nullptr, kept = stats != nullptr;
     double flops = 4.0 * nseq * seq * seq * c / (masked ? 1 : 2);  // causal: half of QK^T and PV
-    auto *args = cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16, masked, {dropout_p, seed, first_seq}});
-    int ret = masked ? NNTILE_TASK_INSERT(cl_fwd(), STARPU_R, qkv, STARPU_R, mask, STARPU_W, y, STARPU_CL_ARGS, args,
-                                          sizeof(AttentionArgs), STARPU_FLOPS, flops, STARPU_NAME,
-                                          "attention_forward_masked", 0)
-                     : NNTILE_TASK_INSERT(cl_fwd(), STARPU_R, qkv, STARPU_W, y, STARPU_CL_ARGS, args,
-                                          sizeof(AttentionArgs), STARPU_FLOPS, flops, STARPU_NAME, "attention_forward", 0);
+    auto *args = cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16, masked, {dropout_p, seed, first_seq}, kept});
+    starpu_data_descr d[4];
+    int n = 0;
+    d[n++] = {qkv, STARPU_R};
+    if (masked) d[n++] = {mask, STARPU_R};
+    d[n++] = {y, STARPU_W};
+    if (kept) d[n++] = {stats, STARPU_W};
+    int ret = NNTILE_TASK_INSERT(cl_fwd(), STARPU_DATA_MODE_ARRAY, d, n, STARPU_CL_ARGS, args, sizeof(AttentionArgs),
+                                 STARPU_FLOPS, flops, STARPU_NAME, masked ? "attention_forward_masked" : "attention_forward",
+                                 0);
     NNTILE_STARPU_CHECK(ret, "submitting attention_forward seq=" << seq << " c=" << c << " masked=" << masked);
     count_task();
 }
 
 void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                                starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t mask,
-                               starpu_data_handle_t dqkv, float dropout_p, int64_t seed, int64_t first_seq) {
-    const bool masked = mask != nullptr;
-    double flops = 3.5 * 4.0 * nseq * seq * seq * c / (masked ? 1 : 2);  // recomputed forward + backward
-    auto *args = cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16, masked, {dropout_p, seed, first_seq}});
-    int ret = masked ? NNTILE_TASK_INSERT(cl_bwd(), STARPU_R, dy, STARPU_R, qkv, STARPU_R, mask, STARPU_W, dqkv,
-                                          STARPU_CL_ARGS, args, sizeof(AttentionArgs), STARPU_FLOPS, flops, STARPU_NAME,
-                                          "attention_backward_masked", 0)
-                     : NNTILE_TASK_INSERT(cl_bwd(), STARPU_R, dy, STARPU_R, qkv, STARPU_W, dqkv, STARPU_CL_ARGS, args,
-                                          sizeof(AttentionArgs), STARPU_FLOPS, flops, STARPU_NAME, "attention_backward",
-                                          0);
+                               starpu_data_handle_t dqkv, float dropout_p, int64_t seed, int64_t first_seq,
+                               starpu_data_handle_t y, starpu_data_handle_t stats) {
+    const bool masked = mask != nullptr, kept = y != nullptr && stats != nullptr;
+    // the backward's products, and without the kept statistics the recomputed forward's
+    double flops = (kept ? 2.5 : 3.5) * 4.0 * nseq * seq * seq * c / (masked ? 1 : 2);
+    auto *args = cl_args(AttentionArgs{nseq, seq, c, nheads, scale, bf16, masked, {dropout_p, seed, first_seq}, kept});
+    starpu_data_descr d[6];
+    int n = 0;
+    d[n++] = {dy, STARPU_R};
+    d[n++] = {qkv, STARPU_R};
+    if (masked) d[n++] = {mask, STARPU_R};
+    d[n++] = {dqkv, STARPU_W};
+    if (kept) {
+        d[n++] = {y, STARPU_R};
+        d[n++] = {stats, STARPU_R};
+    }
+    int ret = NNTILE_TASK_INSERT(cl_bwd(), STARPU_DATA_MODE_ARRAY, d, n, STARPU_CL_ARGS, args, sizeof(AttentionArgs),
+                                 STARPU_FLOPS, flops, STARPU_NAME,
+                                 masked ? "attention_backward_masked" : "attention_backward", 0);
     NNTILE_STARPU_CHECK(ret, "submitting attention_backward seq=" << seq << " c=" << c << " masked=" << masked);
     count_task();
 }

@@ -71,14 +71,18 @@ void submit_rope(bool backward, int64_t rows, int64_t width, int64_t hd, starpu_
 // Self-attention over nseq whole sequences in one tile: qkv (nseq * seq, 3c) -> y (nseq * seq, c); backward
 // writes dqkv. mask: nullptr (causal) or an additive float mask tile (nseq * seq, seq). bf16: computed in
 // bfloat16 (float32 tiles in and out). dropout_p > 0: dropout on the attention probabilities, the mask a hash of
-// (seed, first_seq + the tile's sequence, head, query, key) (kernels::AttentionDropout).
+// (seed, first_seq + the tile's sequence, head, query, key) (kernels::AttentionDropout). stats: a tile of
+// (nseq, nheads * seq) floats the forward writes its softmax statistics into, for the backward (nullptr: none).
 void submit_attention_forward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                               starpu_data_handle_t qkv, starpu_data_handle_t mask, starpu_data_handle_t y,
-                              float dropout_p = 0.0f, int64_t seed = 0, int64_t first_seq = 0);
+                              float dropout_p = 0.0f, int64_t seed = 0, int64_t first_seq = 0,
+                              starpu_data_handle_t stats = nullptr);
+// With y and stats (the forward's output and the statistics it wrote) the backward does not recompute the forward.
 void submit_attention_backward(int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                                starpu_data_handle_t dy, starpu_data_handle_t qkv, starpu_data_handle_t mask,
                                starpu_data_handle_t dqkv, float dropout_p = 0.0f, int64_t seed = 0,
-                               int64_t first_seq = 0);
+                               int64_t first_seq = 0, starpu_data_handle_t y = nullptr,
+                               starpu_data_handle_t stats = nullptr);
 // Grouped-query attention over nseq whole sequences: q (nseq * seq, nheads * hd), k, v (nseq * seq, kv_heads * hd)
 // -> y (nseq * seq, nheads * hd); backward writes dq, dk, dv. mask, bf16 and dropout as submit_attention_forward's.
 // Attention of q_len new queries over kv_len cached keys per sequence (generation), forward only: q (nseq * q_len,

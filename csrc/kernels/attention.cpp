@@ -127,6 +127,15 @@ void refuse(int backend, const char *what, const c10::Error &e) {
                      backend == kCudnn ? "cuDNN" : "flash", what, e.what_without_backtrace());
 }
 
+// The memory-efficient kernel's backward refused the kept output and statistics: this backward recomputes the
+// forward (one line on stderr, the first time).
+std::atomic<bool> kept_refused{false};
+void refuse_kept(const c10::Error &e) {
+    if (!kept_refused.exchange(true))
+        std::fprintf(stderr, "nntile_torch: the attention backward refused the forward's kept output, recomputing "
+                             "it: %s\n", e.what_without_backtrace());
+}
+
 // The mask (nseq * seq, seq) as the attention bias (nseq, nheads, seq, seq) each kernel takes, in q's dtype. The
 // memory-efficient CUDA kernel wants the bias rows 16-aligned: padded then narrowed, as torch's own
 // scaled_dot_product_attention prepares it (a broadcast over heads, not a copy).
@@ -150,6 +159,15 @@ at::Tensor attention_bias(const Where &w, const float *mask, int64_t nseq, int64
 // when H * Tq * Tk is a multiple of 4. One scope at a time in the process (launches are asynchronous: the lock is
 // held for microseconds). Torch code drawing CUDA random numbers on another thread during that moment would draw
 // from this stream instead of its own.
+// PhiloxScope's (seed, offset) for a launch of the fused kernel on q, k (what its backward replays).
+std::pair<uint64_t, uint64_t> philox_of(const AttentionDropout &drop, const at::Tensor &q, const at::Tensor &k) {
+    uint64_t z = (uint64_t)drop.seed + 0x9e3779b97f4a7c15ull;  // splitmix64
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    const uint64_t first = (uint64_t)drop.first_seq * q.size(1) * q.size(2) * k.size(2);
+    return {z ^ (z >> 31), (first + 3) / 4 * 4};
+}
+
 class PhiloxScope {
   public:
     PhiloxScope(const Where &w, const AttentionDropout &drop, const at::Tensor &q, const at::Tensor &k) {
@@ -162,12 +180,9 @@ class PhiloxScope {
         auto *impl = gen_.get<at::CUDAGeneratorImpl>();
         seed_ = impl->current_seed();
         offset_ = impl->get_offset();
-        uint64_t z = (uint64_t)drop.seed + 0x9e3779b97f4a7c15ull;  // splitmix64
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        impl->set_current_seed(z ^ (z >> 31));
-        const uint64_t first = (uint64_t)drop.first_seq * q.size(1) * q.size(2) * k.size(2);
-        impl->set_offset((first + 3) / 4 * 4);
+        const auto [seed, offset] = philox_of(drop, q, k);
+        impl->set_current_seed(seed);
+        impl->set_offset(offset);
         active_ = true;
 #else
         (void)w, (void)drop, (void)q, (void)k;
@@ -236,19 +251,74 @@ Forward attend(const Where &w, const at::Tensor &q, const at::Tensor &k, const a
     return {out, lse, {}, {}, kCpu};
 }
 
-// The fused kernels' backward for q, k, v (nseq, nheads, seq, hp) as attend() takes them: the forward recomputed
-// (nothing of it is kept between the passes; with dropout, the same mask: PhiloxScope), then the gradients of q, k,
-// v in their layouts, the mask replayed from the seed and offset the forward returned. dy_view: the output's
-// gradient (nseq, nheads, seq, hd), float32.
+// The forward's statistics into the stats tile (nseq, nheads, seq): each kernel's log-sum-exp in one layout (cuDNN's
+// (.., seq, 1), the memory-efficient kernel's rows padded to a multiple of 32).
+void save_stats(const Where &w, const Forward &f, int64_t nseq, int64_t nheads, int64_t seq, float *stats) {
+    at::Tensor lse = f.logsumexp.dim() == 4 ? f.logsumexp.select(3, 0) : f.logsumexp;
+    wrap(stats, {nseq, nheads, seq}, w).copy_(lse.narrow(2, 0, seq));
+}
+
+// The forward's output and statistics as the backward of the kernel this worker runs reads them, rebuilt from the
+// output tile y (nseq * seq, nheads * hd; float32, the kernel's values exactly: bf16 ones widened) and the stats tile:
+// the output in the layout the kernels write it ((nseq, seq, nheads, hp) in q's dtype, heads transposed in front),
+// the log-sum-exp in the kernel's own shape, with dropout the Philox seed and offset PhiloxScope set for the forward.
+Forward kept_forward(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, float scale,
+                     bool causal, const float *y, const float *stats, int64_t hd, const AttentionDropout &drop) {
+    const int64_t nseq = q.size(0), nheads = q.size(1), seq = q.size(2), hp = q.size(3);
+    const double p = w.cuda ? drop.p : 0.0;
+    Forward f;
+    f.backend = choose(w, q, k, v, scale, causal, (float)p);
+    const auto y4 = wrap(y, {nseq, seq, nheads, hd}, w);
+    if (hp == hd && q.scalar_type() == at::kFloat) {
+        f.out = y4.transpose(1, 2);
+    } else {
+        auto o = at::empty({nseq, seq, nheads, hp}, q.options());
+        if (hp != hd) o.narrow(3, hd, hp - hd).zero_();
+        o.narrow(3, 0, hd).copy_(y4);
+        f.out = o.transpose(1, 2);
+    }
+    const auto lse = wrap(stats, {nseq, nheads, seq}, w);
+    const auto on_device = at::TensorOptions().device(q.device());
+    if (f.backend == kCudnn || f.backend == kFlash) {
+        f.logsumexp = f.backend == kCudnn ? lse.unsqueeze(3) : lse;
+        f.max_q = f.max_k = seq;
+        // without dropout (choose() gives these kernels none) the backward reads no seed or offset
+        if (f.backend == kCudnn) {
+            f.philox_seed = at::empty({}, on_device.dtype(at::kLong));
+            f.philox_offset = at::empty({}, on_device.dtype(at::kLong));
+        } else {
+            f.philox_seed = at::empty({2}, on_device.dtype(at::kUInt64));
+            f.philox_offset = at::empty({}, on_device.dtype(at::kUInt64));
+        }
+    } else if (f.backend == kEfficient) {
+        auto padded = at::zeros({nseq, nheads, (seq + 31) / 32 * 32}, on_device.dtype(at::kFloat));
+        padded.narrow(2, 0, seq).copy_(lse);
+        f.logsumexp = padded;
+        const auto [seed, offset] = philox_of(drop, q, k);
+        f.philox_seed = at::scalar_tensor(at::Scalar((int64_t)seed), at::dtype(at::kLong));
+        f.philox_offset = at::scalar_tensor(at::Scalar((int64_t)offset), at::dtype(at::kLong));
+    } else {
+        f.logsumexp = lse;
+    }
+    return f;
+}
+
+// The fused kernels' backward for q, k, v (nseq, nheads, seq, hp) as attend() takes them: the forward's output y and
+// statistics when kept (kept_forward), else the forward recomputed (with dropout, the same mask: PhiloxScope); then
+// the gradients of q, k, v in their layouts, the mask replayed from the forward's seed and offset. dy_view: the
+// output's gradient (nseq, nheads, seq, hd), float32. A kernel that refuses the kept values gets a recomputed forward.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(const Where &w, const at::Tensor &q, const at::Tensor &k,
                                                                const at::Tensor &v, float scale, const at::Tensor &bias,
                                                                const at::Tensor &dy_view,
-                                                               const AttentionDropout &drop = {}) {
+                                                               const AttentionDropout &drop = {},
+                                                               const float *y = nullptr, const float *stats = nullptr) {
     const int64_t hp = q.size(3);
     const bool causal = !bias.defined();
     const std::optional<at::Tensor> opt_bias = causal ? std::nullopt : std::optional<at::Tensor>(bias);
     const double p = w.cuda ? drop.p : 0.0;
-    auto f = attend(w, q, k, v, scale, bias, drop);
+    const bool from_kept = y && stats;
+    auto f = from_kept ? kept_forward(w, q, k, v, scale, causal, y, stats, dy_view.size(3), drop)
+                       : attend(w, q, k, v, scale, bias, drop);
     at::Tensor gq, gk, gv;
     if (f.backend == kCudnn) {
         try {
@@ -274,9 +344,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> fused_backward(const Where &w, co
         }
     }
     if (!gq.defined() && w.cuda) {
-        std::tie(gq, gk, gv, std::ignore) = at::_scaled_dot_product_efficient_attention_backward(
-            g, q, k, v, bias, f.out, f.logsumexp, f.philox_seed, f.philox_offset, p, {true, true, true, false},
-            causal, (double)scale);
+        auto run = [&] {
+            std::tie(gq, gk, gv, std::ignore) = at::_scaled_dot_product_efficient_attention_backward(
+                g, q, k, v, bias, f.out, f.logsumexp, f.philox_seed, f.philox_offset, p, {true, true, true, false},
+                causal, (double)scale);
+        };
+        if (from_kept && f.backend == kEfficient) {
+            try {
+                run();
+            } catch (const c10::Error &e) {
+                refuse_kept(e);
+                f = attend(w, q, k, v, scale, bias, drop);
+                run();
+            }
+        } else {
+            run();
+        }
     } else if (!gq.defined()) {
         std::tie(gq, gk, gv) = at::_scaled_dot_product_flash_attention_for_cpu_backward(
             g, q, k, v, f.out, f.logsumexp, 0.0, causal, opt_bias, (double)scale);
@@ -375,7 +458,7 @@ at::Tensor attention_dropout_keep(int64_t nseq, int64_t nheads, int64_t seq, flo
 }
 
 void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                       const float *qkv, const float *mask, float *y, const AttentionDropout &drop) {
+                       const float *qkv, const float *mask, float *y, const AttentionDropout &drop, float *stats) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     if (drop.p > 0.0f && !w.cuda) {
@@ -394,11 +477,12 @@ void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int
     auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads, bf16);
     auto f = attend(w, q, k, v, scale, attention_bias(w, mask, nseq, seq, nheads, q), drop);
     wrap(y, {nseq, seq, nheads, c / nheads}, w).copy_(unpad(f.out, c / nheads));
+    if (stats) save_stats(w, f, nseq, nheads, seq, stats);
 }
 
 void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                         const float *dy, const float *qkv, const float *mask, float *dqkv,
-                        const AttentionDropout &drop) {
+                        const AttentionDropout &drop, const float *y, const float *stats) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     const int64_t hd = c / nheads;
@@ -421,7 +505,7 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
     auto [q, k, v] = split_heads(w, wrap(qkv, {nseq * seq, 3 * c}, w), nseq, seq, c, nheads, bf16);
     const auto dy_view = wrap(dy, {nseq, seq, nheads, hd}, w).transpose(1, 2);  // (nseq, nheads, seq, hd)
     auto [gq, gk, gv] =
-        fused_backward(w, q, k, v, scale, attention_bias(w, mask, nseq, seq, nheads, q), dy_view, drop);
+        fused_backward(w, q, k, v, scale, attention_bias(w, mask, nseq, seq, nheads, q), dy_view, drop, y, stats);
     auto out = wrap(dqkv, {nseq, seq, 3, nheads, c / nheads}, w);
     out.select(2, 0).copy_(unpad(gq, hd));
     out.select(2, 1).copy_(unpad(gk, hd));

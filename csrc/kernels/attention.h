@@ -26,12 +26,18 @@ struct AttentionDropout {
     int64_t seed = 0, first_seq = 0;
 };
 
+// stats: where the forward keeps its softmax statistics for the backward (nullptr: nothing kept), float32
+// (nseq, nheads, seq): the log-sum-exp (natural log) of each query's scaled scores, whichever kernel computed them.
+// The CPU's explicit dropout path keeps none (its backward recomputes the probabilities) and leaves stats unwritten.
 void attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
-                       const float *qkv, const float *mask, float *y, const AttentionDropout &drop = {});
-// Recomputes the forward (activation recomputation) and writes dqkv (nseq * seq, 3 * c). No autograd inside.
+                       const float *qkv, const float *mask, float *y, const AttentionDropout &drop = {},
+                       float *stats = nullptr);
+// Writes dqkv (nseq * seq, 3 * c). No autograd inside. With y (the forward's output) and stats (its statistics) the
+// fused kernels' backward reads them; else, or where a kernel refuses them, the forward is recomputed first (and
+// with dropout the same mask is drawn again).
 void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, int64_t nheads, float scale, bool bf16,
                         const float *dy, const float *qkv, const float *mask, float *dqkv,
-                        const AttentionDropout &drop = {});
+                        const AttentionDropout &drop = {}, const float *y = nullptr, const float *stats = nullptr);
 // Grouped-query attention (Llama, Mistral, Qwen2) on separate tiles of whole sequences: q (nseq * seq, nheads * hd),
 // k and v (nseq * seq, kv_heads * hd), heads side by side in each row; query head h attends with k/v head
 // h / (nheads / kv_heads) (Hugging Face's repeat_kv, done inside the task) -> y (nseq * seq, nheads * hd). mask and
@@ -60,7 +66,7 @@ constexpr int kFlash = 1, kEfficient = 2, kCudnn = 3, kCpu = 4;
 // bf16 causal attention on GPUs: -1 (default) the kernel torch's scaled_dot_product_attention picks, else kFlash,
 // kEfficient or kCudnn (NNTILE_ATTENTION=auto|flash|efficient|cudnn, read by runtime_init).
 void set_attention_backend(int backend);
-// Forward passes (the backward's recomputation included) per kernel since the process started, indexed as above.
+// Forward passes (a backward's recomputation included) per kernel since the process started, indexed as above.
 std::array<int64_t, 5> attention_forwards();
 
 }  // namespace nntile::kernels

@@ -53,35 +53,56 @@ void check_gqa(TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &y, int64
 void check_dropout(float p, const char *op) {
     NNTILE_CHECK(p >= 0.0f && p < 1.0f, op << ": dropout_p must be in [0, 1) (got " << p << ")");
 }
+
+// The statistics tile of qkv's attention, or nullptr where nothing is kept: tasks that may run on CPU and CUDA
+// workers alike (a forward and its backward could run different kernels).
+TileTensor *kept_stats(TileTensor *stats, TileTensor &qkv, int64_t seq, int64_t nheads, const char *op) {
+    if (!stats) return nullptr;
+    NNTILE_CHECK(stats->dtype() == DType::f32 && stats->ndim() == 2 && stats->grid()[1] == 1 &&
+                     stats->shape()[0] * seq == qkv.shape()[0] && stats->shape()[1] == nheads * seq &&
+                     stats->tile_shape()[0] * seq == qkv.tile_shape()[0],
+                 op << ": the statistics must be float32 (" << qkv.shape()[0] / seq << ", " << nheads * seq
+                    << ") in tiles of " << qkv.tile_shape()[0] / seq << " sequences (got shape "
+                    << c10::IntArrayRef(stats->shape()) << ", tiles " << c10::IntArrayRef(stats->tile_shape()) << ")");
+    if (cpu_tasks_allowed() && starpu_cuda_worker_get_count() > 0) return nullptr;
+    return stats;
+}
 }  // namespace
 
 void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale, bool bf16,
-                       TileTensor *mask, float dropout_p, int64_t seed) {
+                       TileTensor *mask, float dropout_p, int64_t seed, TileTensor *stats) {
     check(qkv, y, seq, nheads, "attention");
     check_mask(qkv, mask, seq, "attention");
     check_dropout(dropout_p, "attention");
+    stats = kept_stats(stats, qkv, seq, nheads, "attention");
     int64_t c = y.shape()[1];
     for (int64_t i = 0; i < qkv.grid()[0]; ++i) {
         OnWorker on(placement_worker(i));
         codelets::submit_attention_forward(qkv.tile_extent(0, i) / seq, seq, c, nheads, scale, bf16, qkv.handle(i),
                                            mask ? mask->handle(i) : nullptr, y.handle(i), dropout_p, seed,
-                                           i * qkv.tile_shape()[0] / seq);
+                                           i * qkv.tile_shape()[0] / seq, stats ? stats->handle(i) : nullptr);
     }
     y.bump_version();
+    if (stats) stats->bump_version();
 }
 
 void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale,
-                        bool bf16, TileTensor *mask, float dropout_p, int64_t seed) {
+                        bool bf16, TileTensor *mask, float dropout_p, int64_t seed, TileTensor *y,
+                        TileTensor *stats) {
     check(qkv, dy, seq, nheads, "attention_backward");
     check_mask(qkv, mask, seq, "attention_backward");
     check_dropout(dropout_p, "attention_backward");
     NNTILE_CHECK(dqkv.same_tiling(qkv), "attention_backward: dqkv must be tiled like qkv");
+    NNTILE_CHECK(!stats || y, "attention_backward: the kept statistics come with the forward's output y");
+    if (y) check(qkv, *y, seq, nheads, "attention_backward");
+    stats = kept_stats(stats, qkv, seq, nheads, "attention_backward");
     int64_t c = dy.shape()[1];
     for (int64_t i = 0; i < qkv.grid()[0]; ++i) {
         OnWorker on(placement_worker(i));
         codelets::submit_attention_backward(qkv.tile_extent(0, i) / seq, seq, c, nheads, scale, bf16, dy.handle(i),
                                             qkv.handle(i), mask ? mask->handle(i) : nullptr, dqkv.handle(i),
-                                            dropout_p, seed, i * qkv.tile_shape()[0] / seq);
+                                            dropout_p, seed, i * qkv.tile_shape()[0] / seq,
+                                            stats ? y->handle(i) : nullptr, stats ? stats->handle(i) : nullptr);
     }
     dqkv.bump_version();
 }

@@ -67,10 +67,16 @@ void rope(TileTensor &x, TileTensor &cos, TileTensor &sin, TileTensor &y, int64_
 // bf16: the kernel computes in bfloat16 (as torch under bf16 autocast); tiles stay float32.
 // dropout_p > 0: dropout on the attention probabilities with a mask that is a hash of (seed, sequence, head,
 // query, key), the same for any tiling; the backward with the same seed applies the same mask.
+// stats: float32 (M / seq, nheads x seq) tiled by qkv's sequences, where the forward keeps each query's softmax
+// log-sum-exp for the backward; the backward given y and stats reads them instead of recomputing the forward. Where
+// the tasks may run on CPU and CUDA workers alike (cpu_tasks with GPUs) nothing is kept: a forward and its backward
+// could run different kernels.
 void attention_forward(TileTensor &qkv, TileTensor &y, int64_t seq, int64_t nheads, float scale, bool bf16,
-                       TileTensor *mask = nullptr, float dropout_p = 0.0f, int64_t seed = 0);
+                       TileTensor *mask = nullptr, float dropout_p = 0.0f, int64_t seed = 0,
+                       TileTensor *stats = nullptr);
 void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64_t seq, int64_t nheads, float scale,
-                        bool bf16, TileTensor *mask = nullptr, float dropout_p = 0.0f, int64_t seed = 0);
+                        bool bf16, TileTensor *mask = nullptr, float dropout_p = 0.0f, int64_t seed = 0,
+                        TileTensor *y = nullptr, TileTensor *stats = nullptr);
 // Grouped-query causal attention (Llama, Mistral, Qwen2): q (M, nheads x hd), k and v (M, kv_heads x hd), each in
 // tiles of whole rows with the same row tiles holding whole sequences of `seq` -> y (M, nheads x hd) tiled by those
 // rows; query head h reads k/v head h / (nheads / kv_heads). mask, bf16, dropout_p, seed: as attention_forward's.

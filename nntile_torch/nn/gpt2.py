@@ -156,11 +156,12 @@ def _cached_forward(self, hidden_states, attention_mask, layer):
 # GPT-2's block form for the memory plan (nntile_torch/costs.py): its layer norms and projections describe
 # themselves (LayerNorm, Conv1D); what is GPT-2's own is described here.
 
-def attention_costs(width, seq):
+def attention_costs(width, seq, heads=0):
     """Causal attention over `width` features (heads side by side), beside its projections, per token: it keeps qkv
-    (float32, 3 x width) and its output for the backward, whose gradient of qkv it makes; QK^T and PV are 2 x 2 x
-    width x seq forward FLOPs per token (the causal half not subtracted: the kernels' work is counted as measured)."""
-    return Costs(kept=12 * width + 4 * width, backward=12 * width, attention_flops=4 * width * seq)
+    (float32, 3 x width), its output and a softmax log-sum-exp per head for the backward, whose gradient of qkv it
+    makes; QK^T and PV are 2 x 2 x width x seq forward FLOPs per token (the causal half not subtracted: the kernels'
+    work is counted as measured)."""
+    return Costs(kept=12 * width + 4 * width + 4 * heads, backward=12 * width, attention_flops=4 * width * seq)
 
 
 def _out_features(linear):
@@ -169,6 +170,6 @@ def _out_features(linear):
 
 register_form(lambda m: type(m).__name__ == "GPT2Block" and hasattr(m, "attn"),
               lambda m, precision, seq: residual_block(m.attn.split_size))
-register_form(is_gpt2_attention, lambda m, precision, seq: attention_costs(m.split_size, seq))
+register_form(is_gpt2_attention, lambda m, precision, seq: attention_costs(m.split_size, seq, m.num_heads))
 register_form(lambda m: type(m).__name__ == "GPT2MLP" and hasattr(m, "c_fc"),
               lambda m, precision, seq: GELU.costs_at(_out_features(m.c_fc)))  # its activation, over the inner width
