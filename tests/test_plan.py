@@ -411,11 +411,12 @@ def test_activation_estimate_grows_as_the_model_keeps():
     assert activation_bytes(f, 8, 64, "bf16", False) < full
 
 
-def _gpt2_formula(L, c, f, v, batch, seq, precision, checkpointing):
+def _gpt2_formula(L, c, f, v, batch, seq, precision, checkpointing, heads):
     """The activation bytes and FLOPs plan.py computed for every model before modules described themselves (GPT-2's
-    block written out), kept here as the reference the sums of the descriptions must equal on GPT-2."""
+    block written out), kept here as the reference the sums of the descriptions must equal on GPT-2; since then the
+    attention also keeps a float32 log-sum-exp per head and token."""
     x = 2 if precision == "bf16" else 4
-    kept = 4 * c + x * c + 12 * c + 4 * c + x * c + 4 * c + x * c + 4 * f + x * f
+    kept = 4 * c + x * c + 12 * c + 4 * c + 4 * heads + x * c + 4 * c + x * c + 4 * f + x * f
     grads = 12 * c + 4 * f + 4 * c
     head = 4 * c + x * c + 8 * v + x * v
     stored = 4 * c * L if checkpointing else kept * L
@@ -436,7 +437,7 @@ def test_plan_summed_from_module_descriptions_equals_the_gpt2_formula(precision)
         costs = f.costs(precision, seq)
         for batch, ckpt in ((1, False), (16, True), (3, False)):
             assert activation_bytes(f, batch, seq, precision, ckpt) == _gpt2_formula(L, c, 4 * c, v, batch, seq,
-                                                                                      precision, ckpt)
+                                                                                      precision, ckpt, h)
         assert costs.matmul_flops == 2 * sum(p.numel for p in f.params if p.matmul)
         assert costs.attention_flops == 4 * L * c * seq
         assert [b.checkpoint for b in costs.blocks] == [4 * c] * L
@@ -448,7 +449,7 @@ def test_plan_summed_from_module_descriptions_equals_the_gpt2_formula(precision)
     for facts in (before, after):
         assert facts.costs(precision, 37) == before.costs(precision, 37)
         assert activation_bytes(facts, 3, 37, precision, False) == _gpt2_formula(3, 96, 384, 1000, 3, 37, precision,
-                                                                                 False)
+                                                                                 False, 6)
 
 
 def test_a_new_module_form_brings_its_own_description(monkeypatch):
