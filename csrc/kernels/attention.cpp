@@ -149,6 +149,15 @@ at::Tensor attention_bias(const Where &w, const float *mask, int64_t nseq, int64
     return m.expand({nseq, nheads, seq, seq});
 }
 
+// PhiloxScope's (seed, offset) for a launch of the fused kernel on q, k (what its backward replays).
+std::pair<uint64_t, uint64_t> philox_of(const AttentionDropout &drop, const at::Tensor &q, const at::Tensor &k) {
+    uint64_t z = (uint64_t)drop.seed + 0x9e3779b97f4a7c15ull;  // splitmix64
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    const uint64_t first = (uint64_t)drop.first_seq * q.size(1) * q.size(2) * k.size(2);
+    return {z ^ (z >> 31), (first + 3) / 4 * 4};
+}
+
 // Attention dropout on GPUs, inside the fused kernel (the memory-efficient one: choose()), which draws its Philox
 // seed and offset from the device's default CUDA generator when launched (and returns them for the backward to
 // replay). So that a task's mask is a function of nntile's seed and the tile's place alone (the forward task and the
@@ -159,15 +168,6 @@ at::Tensor attention_bias(const Where &w, const float *mask, int64_t nseq, int64
 // when H * Tq * Tk is a multiple of 4. One scope at a time in the process (launches are asynchronous: the lock is
 // held for microseconds). Torch code drawing CUDA random numbers on another thread during that moment would draw
 // from this stream instead of its own.
-// PhiloxScope's (seed, offset) for a launch of the fused kernel on q, k (what its backward replays).
-std::pair<uint64_t, uint64_t> philox_of(const AttentionDropout &drop, const at::Tensor &q, const at::Tensor &k) {
-    uint64_t z = (uint64_t)drop.seed + 0x9e3779b97f4a7c15ull;  // splitmix64
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    const uint64_t first = (uint64_t)drop.first_seq * q.size(1) * q.size(2) * k.size(2);
-    return {z ^ (z >> 31), (first + 3) / 4 * 4};
-}
-
 class PhiloxScope {
   public:
     PhiloxScope(const Where &w, const AttentionDropout &drop, const at::Tensor &q, const at::Tensor &k) {
