@@ -55,16 +55,30 @@ def nanogpt_config(config, seq, dropout=0.0):
                                       n_layer=s.layers, n_head=s.heads, n_embd=s.hidden, dropout=dropout, bias=True)
 
 
-def build(model, config, seq, dropout=0.0):
+DROPOUT_ON = ("all", "attention")
+
+
+def build(model, config, seq, dropout=0.0, dropout_on="all"):
     """The model of family `model` at shape `config`, on the current default device (torch.device(...) as a context
     manager: meta builds it without memory), in train mode, weights from the current torch seed. ValueError when
-    the model does not build that config's family. dropout: every dropout of the model (nanoGPT's one knob, GPT-2's
-    attention, residual and embedding dropouts, the Llama family's attention dropout)."""
+    the model does not build that config's family. dropout: the probability of every dropout of the model
+    (nanoGPT's one knob, GPT-2's attention, residual and embedding dropouts, the Llama family's attention dropout),
+    or with dropout_on="attention" of the attention's alone (on its probabilities; the others 0)."""
+    if dropout_on not in DROPOUT_ON:
+        raise ValueError(f"dropout_on must be one of {', '.join(DROPOUT_ON)} (got {dropout_on!r})")
     check_model(config, model)
+    attention_only = dropout_on == "attention"
     if model == "nanogpt":
         net = nanogpt_module().GPT(nanogpt_config(config, seq, dropout))
+        if attention_only:  # its one knob: keep the attention's (SDPA's dropout_p, attn_dropout), zero the rest
+            net.transformer.drop.p = 0.0
+            for block in net.transformer.h:
+                block.attn.resid_dropout.p = block.mlp.dropout.p = 0.0
     else:
-        net = hf_class(model)(hf_config(config, seq, model, dropout))
+        cfg = hf_config(config, seq, model, dropout)
+        if attention_only and model not in LLAMA_LIKE:  # the Llama family has the attention's alone
+            cfg.resid_pdrop = cfg.embd_pdrop = 0.0
+        net = hf_class(model)(cfg)
     net.train()
     return net
 

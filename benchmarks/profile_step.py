@@ -33,6 +33,8 @@ def main():
     ap.add_argument("--scheduler")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--dropout", type=float, default=0.0, help="every dropout of the model (default 0)")
+    ap.add_argument("--dropout-on", default="all", choices=["all", "attention"],
+                    help="which dropouts --dropout sets: every one (default) or the attention's alone")
     ap.add_argument("--no-profile", action="store_true", help="skip the torch.profiler step")
     ap.add_argument("--out", help="JSON summary")
     args = ap.parse_args()
@@ -49,7 +51,7 @@ def main():
     dev = "cuda" if cuda else "cpu"
     t = time.perf_counter()
     with torch.device(dev):
-        model = models.build(args.model, args.config, args.seq, args.dropout)
+        model = models.build(args.model, args.config, args.seq, args.dropout, args.dropout_on)
     if cuda:
         torch.cuda.synchronize()
     out["build_s"] = time.perf_counter() - t

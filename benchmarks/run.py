@@ -413,11 +413,18 @@ def precheck(a, cpu_only, args, world):
     return None
 
 
+def dropout_suffix(args):
+    """The attempt name's part for its dropout: "_drop0.1" (every dropout), "_attndrop0.1" (attention's alone)."""
+    if not args.dropout:
+        return ""
+    return f"_{'attn' if args.dropout_on == 'attention' else ''}drop{args.dropout:g}"
+
+
 def run_attempt(a, args, machine, peaks, ngpus, logdir):
     """Runs one attempt in its own process (torchrun for the distributed backends) and returns its record."""
     model = a.get("model") or default_model(a["config"])
     name = (f"{a['backend']}_{a['variant']}_{'' if model == 'hf' else model + '_'}{a['config']}_{a['precision']}"
-            f"_b{args.batch}_s{args.seq}{f'_drop{args.dropout:g}' if args.dropout else ''}")
+            f"_b{args.batch}_s{args.seq}{dropout_suffix(args)}")
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     log_path = os.path.join(logdir, f"{stamp}_{name}.log")
     params = param_count(a["config"], args.seq, model)
@@ -427,7 +434,7 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
     with tempfile.TemporaryDirectory(prefix="bench_") as tmp:
         spec = {"backend": a["backend"], "flags": [f for f in a["variant"].split("+") if f != "plain"],
                 "model": model, "config": a["config"], "precision": a["precision"], "batch": args.batch,
-                "seq": args.seq, "dropout": args.dropout,
+                "seq": args.seq, "dropout": args.dropout, "dropout_on": args.dropout_on,
                 "steps": args.steps, "warmup": args.warmup, "seed": args.seed, "data_pool": args.data_pool,
                 "max_warmup": args.max_warmup if a["mode"] == "throughput" else args.warmup,
                 "lr": args.lr, "weight_decay": 0.01, "params": params, "cpu": cpu_only,
@@ -456,7 +463,8 @@ def run_attempt(a, args, machine, peaks, ngpus, logdir):
                "mlp": shape.mlp or 4 * shape.hidden, "vocab": model_vocab(a["config"], model),
                "flops_per_token": model_flops_per_token(a["config"], args.seq, model), "precision": a["precision"],
                "numerics": None, "gpus": 0 if cpu_only else world,
-               "batch": args.batch, "seq": args.seq, "dropout": args.dropout, "steps": args.steps, "warmup": args.warmup,
+               "batch": args.batch, "seq": args.seq, "dropout": args.dropout, "dropout_on": args.dropout_on,
+               "steps": args.steps, "warmup": args.warmup,
                "mode": a["mode"],
                "status": None, "reason": None, "tokens_per_s": None, "tflops": None, "mfu": None,
                "peak_tflops": peaks.get(a["precision"]), "step_s": None, "peak_gpu_bytes": None,
@@ -592,6 +600,9 @@ def parse_args(argv=None):
     ap.add_argument("--dropout", type=float, default=0.0,
                     help="every dropout of the model (GPT-2's attention, residual and embedding ones, Hugging Face's "
                          "default 0.1; nanoGPT's dropout; the Llama family's attention dropout), default 0")
+    ap.add_argument("--dropout-on", default="all", choices=["all", "attention"],
+                    help="which dropouts --dropout sets: every one (default) or the attention's alone (on its "
+                         "probabilities; GPT-2's residual and embedding dropouts and nanoGPT's others stay 0)")
     ap.add_argument("--steps", type=int, default=5,
                     help="timed steps after warm-up; the median is reported (default 5)")
     ap.add_argument("--warmup", type=int, default=2,

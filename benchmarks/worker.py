@@ -92,7 +92,8 @@ def build_model(spec, device):
     weights), with activation checkpointing for the ckpt flag."""
     torch.manual_seed(spec["seed"])
     with torch.device(device):
-        model = models.build(family(spec), spec["config"], spec["seq"], spec.get("dropout", 0.0))
+        model = models.build(family(spec), spec["config"], spec["seq"], spec.get("dropout", 0.0),
+                             spec.get("dropout_on", "all"))
     BUILT.update(models.describe(family(spec), model))
     if "ckpt" in spec["flags"]:
         BUILT["checkpointing"] = models.enable_checkpointing(model)
@@ -272,7 +273,8 @@ def setup_nntile(spec, cuda, rank, world):
     useropt = "useropt" in spec["flags"]
     if not set(spec["flags"]) & MANUAL_NNTILE_FLAGS:
         with torch.device("meta"):
-            shape_only = models.build(family(spec), spec["config"], spec["seq"], spec.get("dropout", 0.0))
+            shape_only = models.build(family(spec), spec["config"], spec["seq"], spec.get("dropout", 0.0),
+                                      spec.get("dropout_on", "all"))
         pins = dict(state_dtype=torch.float32, step_in_backward=False, host_blocks=0) if useropt else \
             dict(state_dtype=torch.float32) if "fp32state" in spec["flags"] else {}
         plan = nt.plan(shape_only, spec["batch"], spec["seq"], spec["precision"], **pins,
@@ -533,10 +535,12 @@ def setup_deepspeed(spec, cuda, rank, world):
         # HF's initialization then runs per module on gathered parameters (its values differ from the others').
         importlib.import_module("torch._dynamo")  # imported inside zero.Init, its Tensor.__new__ patch breaks it
         with torch.device("meta"):
-            models.build(family(spec), spec["config"], spec["seq"], spec.get("dropout", 0.0))  # the lazy imports, done here
+            models.build(family(spec), spec["config"], spec["seq"], spec.get("dropout", 0.0),
+                         spec.get("dropout_on", "all"))  # the lazy imports, done here
         torch.manual_seed(spec["seed"])
         with deepspeed.zero.Init(config_dict_or_path=config, remote_device=target["device"] if offload else None):
-            model = models.build(family(spec), spec["config"], spec["seq"], spec.get("dropout", 0.0))
+            model = models.build(family(spec), spec["config"], spec["seq"], spec.get("dropout", 0.0),
+                                 spec.get("dropout_on", "all"))
         BUILT.update(models.describe(family(spec), model))
         for m in model.modules():
             ps = list(m.parameters(recurse=False))

@@ -756,3 +756,42 @@ def test_dropout_reaches_every_family_and_the_attempt_name():
     bad = subprocess.run([sys.executable, "-m", "benchmarks.run", "--dropout", "1.0", "--dry-run"],
                          capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert bad.returncode == 2 and "--dropout must be in [0, 1)" in bad.stderr
+
+
+def test_attention_dropout_alone_reaches_every_family_and_the_attempt_name():
+    """--dropout-on attention sets the attention's dropout alone (on its probabilities: HF GPT-2's attn_pdrop,
+    nanoGPT's SDPA dropout_p and attn_dropout, the Llama family's attention dropout), every other dropout 0: the
+    issue's "attention dropout 0.1" step, apart from the residual and embedding dropouts. The attempt's name says
+    which; a misspelt choice is an error."""
+    import argparse
+
+    import torch
+
+    from benchmarks import models
+    from benchmarks.configs import MODEL_FAMILY
+    from benchmarks.run import dropout_suffix
+    tiny = {"gpt2": "tiny", "llama": "llama-tiny", "qwen2": "qwen2-tiny"}
+    p = 0.15
+    for model in models.MODELS:
+        net = models.build(model, tiny[MODEL_FAMILY[model]], 32, dropout=p, dropout_on="attention")
+        if model == "nanogpt":
+            attn = [b.attn for b in net.transformer.h]
+            assert all(a.dropout == p and a.attn_dropout.p == p and a.resid_dropout.p == 0.0 for a in attn), model
+            assert net.transformer.drop.p == 0.0 and all(b.mlp.dropout.p == 0.0 for b in net.transformer.h), model
+        elif MODEL_FAMILY[model] == "gpt2":
+            c = net.config
+            assert (c.attn_pdrop, c.resid_pdrop, c.embd_pdrop) == (p, 0.0, 0.0), model
+            assert all(b.attn.attn_dropout.p == p and b.attn.resid_dropout.p == 0.0 for b in net.transformer.h), model
+            assert net.transformer.drop.p == 0.0, model
+        else:
+            assert net.config.attention_dropout == p, model
+        rates = {m.p for m in net.modules() if isinstance(m, torch.nn.Dropout)}
+        assert rates <= {0.0, p}, (model, rates)
+    with pytest.raises(ValueError, match="dropout_on must be one of all, attention"):
+        models.build("hf", "tiny", 32, dropout=p, dropout_on="residual")
+    names = [dropout_suffix(argparse.Namespace(dropout=d, dropout_on=on))
+             for d, on in ((0.0, "all"), (0.1, "all"), (0.1, "attention"), (0.0, "attention"))]
+    assert names == ["", "_drop0.1", "_attndrop0.1", ""]
+    bad = subprocess.run([sys.executable, "-m", "benchmarks.run", "--dropout-on", "residual", "--dry-run"],
+                         capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert bad.returncode == 2 and "--dropout-on" in bad.stderr
