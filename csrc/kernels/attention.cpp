@@ -151,11 +151,8 @@ at::Tensor attention_bias(const Where &w, const float *mask, int64_t nseq, int64
 
 // PhiloxScope's (seed, offset) for a launch of the fused kernel on q, k (what its backward replays).
 std::pair<uint64_t, uint64_t> philox_of(const AttentionDropout &drop, const at::Tensor &q, const at::Tensor &k) {
-    uint64_t z = (uint64_t)drop.seed + 0x9e3779b97f4a7c15ull;  // splitmix64
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     const uint64_t first = (uint64_t)drop.first_seq * q.size(1) * q.size(2) * k.size(2);
-    return {z ^ (z >> 31), (first + 3) / 4 * 4};
+    return {splitmix64_mix(dropout_salt(1) + (uint64_t)drop.seed), (first + 3) / 4 * 4};  // splitmix64(seed)
 }
 
 // Attention dropout on GPUs, inside the fused kernel (the memory-efficient one: choose()), which draws its Philox

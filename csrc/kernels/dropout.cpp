@@ -14,7 +14,7 @@ at::Tensor shr(const at::Tensor &z, int s) { return at::bitwise_and(at::bitwise_
 
 at::Tensor dropout_keep(const at::Tensor &index, int64_t seed, float p) {
     // splitmix64 of seed * golden + index (wrapping int64 arithmetic): dropout_hash's, as tensors
-    auto z = index + (int64_t)((uint64_t)seed * 0x9E3779B97F4A7C15ULL);
+    auto z = index + (int64_t)dropout_salt(seed);
     z = (z ^ shr(z, 30)) * (int64_t)0xBF58476D1CE4E5B9ULL;
     z = (z ^ shr(z, 27)) * (int64_t)0x94D049BB133111EBULL;
     z = z ^ shr(z, 31);
@@ -32,7 +32,7 @@ void dropout(const Where &w, const DropoutTile &tile, int64_t seed, float p, con
     (void)w;
     int64_t n = 1;
     for (int64_t d = 0; d < tile.ndim; ++d) n *= tile.extents[d];
-    const uint64_t salt = (uint64_t)seed * 0x9E3779B97F4A7C15ULL;
+    const uint64_t salt = dropout_salt(seed);
     const int64_t threshold = dropout_threshold(p);
     const float scale = dropout_scale(p);
     // the element's index in the whole tensor, stepped like an odometer over the tile's extents

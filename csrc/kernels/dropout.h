@@ -26,15 +26,18 @@ struct DropoutTile {
     int64_t extents[kDropoutMaxDims] = {}, strides[kDropoutMaxDims] = {};
 };
 
-// The 24 uniform bits of element `index`'s keep draw for salt = seed * 0x9E3779B97F4A7C15 (splitmix64 of
-// salt + index, wrapping); the element is kept when they are below dropout_threshold(p), then scaled by
-// dropout_scale(p).
-NNTILE_DROPOUT_HD inline int64_t dropout_hash(uint64_t salt, uint64_t index) {
-    uint64_t z = index + salt;
+// splitmix64's output function: the mixed 64 bits of state z.
+NNTILE_DROPOUT_HD inline uint64_t splitmix64_mix(uint64_t z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    z = z ^ (z >> 31);
-    return (int64_t)(z >> 40);
+    return z ^ (z >> 31);
+}
+// A seed's salt: seed times splitmix64's increment (the golden ratio), wrapping.
+inline uint64_t dropout_salt(int64_t seed) { return (uint64_t)seed * 0x9E3779B97F4A7C15ULL; }
+// The 24 uniform bits of element `index`'s keep draw for salt = dropout_salt(seed) (splitmix64 of salt + index,
+// wrapping); the element is kept when they are below dropout_threshold(p), then scaled by dropout_scale(p).
+NNTILE_DROPOUT_HD inline int64_t dropout_hash(uint64_t salt, uint64_t index) {
+    return (int64_t)(splitmix64_mix(index + salt) >> 40);
 }
 inline int64_t dropout_threshold(float p) { return (int64_t)((1.0 - (double)p) * (double)(1 << 24)); }
 inline float dropout_scale(float p) { return (float)(1.0 / (1.0 - (double)p)); }

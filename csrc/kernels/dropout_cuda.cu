@@ -28,8 +28,8 @@ void dropout_cuda(cudaStream_t stream, const DropoutTile &tile, int64_t seed, fl
     if (n == 0) return;
     const int64_t b = (n + 255) / 256;
     const unsigned blocks = (unsigned)(b < 65535 * 8 ? b : 65535 * 8);
-    dropout_kernel<<<blocks, 256, 0, stream>>>(tile, n, (uint64_t)seed * 0x9E3779B97F4A7C15ULL,
-                                               dropout_threshold(p), dropout_scale(p), x, y);
+    dropout_kernel<<<blocks, 256, 0, stream>>>(tile, n, dropout_salt(seed), dropout_threshold(p), dropout_scale(p),
+                                               x, y);
     cudaError_t err = cudaGetLastError();
     NNTILE_CHECK(err == cudaSuccess, "dropout kernel launch failed (n=" << n << "): " << cudaGetErrorString(err));
 }
