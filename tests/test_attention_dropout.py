@@ -2,8 +2,9 @@
 for a seed and for any tiling; output and gradient against a PyTorch reference with the same mask; nanoGPT and
 Hugging Face GPT-2 with attention dropout train in tiles. On CPUs the mask is nntile's hash of (seed, sequence, head,
 query, key), which `_C.attention_dropout_keep` gives; on GPUs the fused kernel drops with its Philox generator set
-from the seed and the tile's place, and the tests read its mask off the output of an attention whose values are the
-identity (`kernel_keep`)."""
+from the seed and the tile's place: float32 (and masks) in the memory-efficient kernel, whose mask the tests read off
+the output of an attention whose values are the identity (`kernel_keep`); bf16 in the kernel torch itself picks
+(cuDNN's on Hopper), checked against torch's own attention with dropout from the same generator state."""
 import copy
 import importlib.util
 from pathlib import Path
@@ -156,42 +157,106 @@ CUDA = pytest.mark.skipif(not (torch.cuda.is_available() and _C.built_with_cuda)
                           reason="requires CUDA (a GPU and a CUDA build)")
 
 
+MASK64 = (1 << 64) - 1
+
+
+def philox_of(seed, first_seq, heads, t):
+    """The CUDA generator state (seed, offset) nntile sets around a tile's fused attention launch (attention.cpp,
+    philox_of): splitmix64 of nntile's seed, and the tile's first element index first_seq * heads * T * T rounded
+    up to a multiple of 4."""
+    z = (0x9E3779B97F4A7C15 + seed) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31), (first_seq * heads * t * t + 3) // 4 * 4
+
+
+def set_cuda_generator(seed, offset):
+    """The default CUDA generator at (seed, offset): its state is those two 64-bit words."""
+    words = [w - (1 << 64) if w >= 1 << 63 else w for w in (seed, offset)]
+    torch.cuda.set_rng_state(torch.tensor(words, dtype=torch.int64).view(torch.uint8))
+
+
+def kernel_used(before, after):
+    """The one fused kernel whose forward count moved between two attention_forwards() readings (an error if
+    several did: a backward on another worker must replay the kernel whose mask its forward drew)."""
+    moved = [name for name in ("flash", "efficient", "cudnn") if after[name] > before[name]]
+    assert len(moved) == 1 and after["cpu"] == before["cpu"], (before, after)
+    return moved[0]
+
+
 @pytest.mark.cuda
 @CUDA
 @pytest.mark.parametrize("rows", [64, 128], ids=["one seq per tile", "two seqs per tile"])
-def test_gpu_bf16_dropout_runs_in_the_fused_kernel_and_matches_the_masked_reference(rows):
-    """bf16 on a GPU: dropout inside the memory-efficient fused kernel (no explicit scores), its mask read off the
-    identity-values output; output and gradient equal the written-out attention over the bf16-rounded q, k, v and
-    dy with that mask, to bf16's rounding (far closer than the attention without dropout); the same seed gives the
-    same mask again, another seed another mask, the share kept is 1 - p; the caller's CUDA random stream is left
-    where it was."""
+def test_gpu_bf16_dropout_is_torchs_own_fused_attention_with_the_tiles_generator_state(rows):
+    """bf16 on a GPU: dropout inside the fused kernel torch itself picks (cuDNN's on Hopper), one kernel for every
+    tile; output and gradient equal torch's scaled_dot_product_attention with dropout through that kernel, tile by
+    tile, from the generator state nntile sets for the tile (philox_of), to bf16's rounding, and far from it with
+    another seed: the backward, from the forward's kept statistics, replays the forward's mask. The caller's CUDA
+    random stream is left where it was."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from nntile_torch.runtime import attention_forwards
     b, t, heads, hd, p, seed = 3, 64, 2, 64, 0.1, 2024
-    c = heads * hd
+    c, scale = heads * hd, hd ** -0.5
     gen = torch.Generator().manual_seed(3)
     qkv = torch.randn(b, t, 3 * c, generator=gen).cuda()
     gy = torch.randn(b, t, c, generator=gen).cuda()
     torch.cuda.manual_seed(11)
     before = torch.cuda.get_rng_state()
-    keep = kernel_keep("cuda", b, t, heads, p, seed, rows, bf16=True)
     forwards = attention_forwards()
-    y, g = tiled(qkv, rows, heads, hd ** -0.5, p, seed, gy=gy, bf16=True)
-    after = attention_forwards()
+    y, g = tiled(qkv, rows, heads, scale, p, seed, gy=gy, bf16=True)
+    kernel = kernel_used(forwards, attention_forwards())
     assert torch.equal(torch.cuda.get_rng_state(), before)  # nntile's launches put the generator back
-    assert after["efficient"] > forwards["efficient"] and after["cpu"] == forwards["cpu"]
-    assert torch.equal(kernel_keep("cuda", b, t, heads, p, seed, rows, bf16=True), keep)
-    assert not torch.equal(kernel_keep("cuda", b, t, heads, p, seed + 1, rows, bf16=True), keep)
+    backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+               "cudnn": SDPBackend.CUDNN_ATTENTION}[kernel]
+    per_tile = rows // t
+
+    def torchs(seed):
+        ys, gs = [], []
+        for first in range(0, b, per_tile):
+            x = qkv[first:first + per_tile].bfloat16().requires_grad_(True)
+            set_cuda_generator(*philox_of(seed, first, heads, t))
+            with sdpa_kernel(backend):
+                out = torch.nn.functional.scaled_dot_product_attention(
+                    *split_heads(x, heads), dropout_p=p, is_causal=True, scale=scale)
+            out = out.transpose(1, 2).reshape(x.shape[0], t, c)
+            (gx,) = torch.autograd.grad(out, x, gy[first:first + per_tile].bfloat16())
+            ys.append(out.float())
+            gs.append(gx.float())
+        torch.cuda.set_rng_state(before)
+        return torch.cat(ys), torch.cat(gs)
+
+    yr, gr = torchs(seed)
+    yo, go = torchs(seed + 1)
+    for ours, ref, other, what in ((y, yr, yo, "output"), (g, gr, go, "grad qkv")):
+        err = (ours - ref).abs().max().item()
+        assert err < 2e-2 * ref.abs().max().item(), f"{what} ({kernel}): error {err:.3e}"
+        assert (ours - other).abs().max().item() > 4 * err, f"{what} ({kernel}): another seed is as close"
+
+
+@pytest.mark.cuda
+@CUDA
+def test_gpu_bf16_dropout_keeps_the_share_and_scales_by_one_over_one_minus_p():
+    """bf16 on a GPU, the mask read off the identity-values output (kernel_keep): kept entries are
+    1 / ((1 - p)(i + 1)) to bf16's rounding, entries causality rules out are 0, the share kept is 1 - p within 5
+    standard deviations and 1/256 (flash quantizes its threshold to 8 bits); the same seed gives the same mask,
+    another seed another."""
+    from nntile_torch.runtime import attention_forwards
+    b, t, heads, p, seed = 5, 64, 2, 0.2, 99
+    forwards = attention_forwards()
+    y, _ = tiled(one_hot_values(b, t, heads).cuda(), t, heads, 1.0, p, seed, bf16=True)
+    kernel = kernel_used(forwards, attention_forwards())
+    seen = probabilities_seen(y.cpu(), b, t, heads)
     causal = torch.ones(t, t, dtype=torch.bool).tril().expand(b, heads, t, t)
+    assert torch.equal(seen[~causal], torch.zeros_like(seen[~causal]))
+    kept = causal & (seen != 0)
+    expected = (1.0 / ((1 - p) * (torch.arange(t, dtype=torch.float32) + 1)))[:, None].expand(b, heads, t, t)
+    torch.testing.assert_close(seen[kept], expected[kept], rtol=1e-2, atol=0, msg=kernel)
     n = causal.sum().item()
-    assert abs(keep[causal].sum().item() / n - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5
-    x = qkv.bfloat16().float().requires_grad_(True)
-    yr = masked_reference(x, heads, hd ** -0.5, keep, p)
-    (gr,) = torch.autograd.grad(yr, x, gy.bfloat16().float())
-    y_nodrop = masked_reference(qkv.bfloat16().float(), heads, hd ** -0.5, torch.ones_like(keep), 0.0)
-    for ours, ref, what in ((y, yr, "output"), (g, gr, "grad qkv")):
-        err = (ours - ref).abs().max().item() / ref.abs().max().item()
-        assert err < 2e-2, f"{what}: relative error {err:.3e}"
-    assert (y - y_nodrop).abs().max().item() > 4 * (y - yr).abs().max().item()
+    rate = kept.sum().item() / n
+    assert abs(rate - (1 - p)) < 5 * (p * (1 - p) / n) ** 0.5 + 1 / 256, (kernel, rate)
+    keep = kernel_keep("cuda", b, t, heads, p, seed, t, bf16=True)
+    assert torch.equal(keep, seen != 0)
+    assert not torch.equal(kernel_keep("cuda", b, t, heads, p, seed + 1, t, bf16=True), keep)
 
 
 def test_bad_dropout_probability_is_a_clear_error():

@@ -77,7 +77,8 @@ struct Forward {
 // elsewhere), or the one NNTILE_ATTENTION names (read by the runtime at its start: set_attention_backend). Why
 // torch's choice and not always the memory-efficient kernel: docs/measurements.md, "LayerNorm and attention kernels".
 // A kernel ATen refuses once (an old GPU, a build without it, a layout it rejects) is not tried again: the
-// memory-efficient one from then on, with one line on stderr. fp32 and masks: the memory-efficient kernel.
+// memory-efficient one from then on, with one line on stderr. fp32 and masks: the memory-efficient kernel. With
+// dropout too, each kernel drawing its mask from the generator state PhiloxScope sets (its backward replays it).
 std::atomic<int> setting{-1};  // -1 auto, else kFlash / kEfficient / kCudnn
 std::atomic<bool> refused[4] = {false, false, false, false};
 std::atomic<int64_t> forwards[5] = {0, 0, 0, 0, 0};  // per kernel (index kCpu for the CPU's), for tests
@@ -85,15 +86,15 @@ std::atomic<int64_t> forwards[5] = {0, 0, 0, 0, 0};  // per kernel (index kCpu f
 int choose(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::Tensor &v, float scale,
            bool causal, float dropout_p) {
     if (!w.cuda) return kCpu;
-    // With dropout, the memory-efficient kernel: its masks are checked against the output for identity values
-    // (tests/test_attention_dropout.py); flash's or cuDNN's, read the same way on an H100, did not give their
-    // outputs for other values of the same shapes.
-    if (!causal || q.scalar_type() != at::kBFloat16 || dropout_p > 0.0f) return kEfficient;
+    if (!causal || q.scalar_type() != at::kBFloat16) return kEfficient;
     int b = setting.load(std::memory_order_relaxed);
     if (b < 0) {
-        // torch's choice for this geometry, asked once per worker thread (its checks cost tens of microseconds of
-        // launch time per tile): q's and k's sizes and strides and the device say it (v is laid out as k).
-        thread_local std::vector<std::pair<std::vector<int64_t>, int>> known;
+        // torch's choice for this geometry, asked once per process (its checks cost tens of microseconds of launch
+        // time per tile): q's and k's sizes and strides, the device, the scale and the dropout probability say it
+        // (v is laid out as k). One answer for every worker: with dropout, a backward on another CUDA worker must
+        // run the kernel whose mask the forward drew.
+        static std::mutex guard;
+        static std::vector<std::pair<std::vector<int64_t>, int>> known;
         std::vector<int64_t> key(q.sizes().begin(), q.sizes().end());
         key.insert(key.end(), q.strides().begin(), q.strides().end());
         key.insert(key.end(), k.strides().begin(), k.strides().end());  // grouped-query k, v: tensors of their own
@@ -104,6 +105,7 @@ int choose(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::T
         int64_t p_bits = 0;
         std::memcpy(&p_bits, &dropout_p, sizeof dropout_p);
         key.push_back(p_bits);
+        std::lock_guard<std::mutex> lock(guard);
         auto it = std::find_if(known.begin(), known.end(), [&](const auto &kv) { return kv.first == key; });
         if (it != known.end()) {
             b = it->second;
@@ -155,16 +157,17 @@ std::pair<uint64_t, uint64_t> philox_of(const AttentionDropout &drop, const at::
     return {splitmix64_mix(dropout_salt(1) + (uint64_t)drop.seed), (first + 3) / 4 * 4};  // splitmix64(seed)
 }
 
-// Attention dropout on GPUs, inside the fused kernel (the memory-efficient one: choose()), which draws its Philox
-// seed and offset from the device's default CUDA generator when launched (and returns them for the backward to
-// replay). So that a task's mask is a function of nntile's seed and the tile's place alone (the forward task and the
-// backward task's recomputation drop alike, whatever ran in between on either CUDA worker), the generator is set
-// around the launch to (splitmix64(seed), the tile's first element index first_seq * H * Tq * Tk rounded up to a
-// multiple of 4) and put back after: the user's random stream goes on where it was. The kernel adds
-// (b * H + h) * Tq * Tk to the offset for the tile's sequence b and head h, so the masks are the same for any tiling
-// when H * Tq * Tk is a multiple of 4. One scope at a time in the process (launches are asynchronous: the lock is
-// held for microseconds). Torch code drawing CUDA random numbers on another thread during that moment would draw
-// from this stream instead of its own.
+// Attention dropout on GPUs, inside the fused kernel choose() picks (cuDNN's, flash or the memory-efficient one),
+// which draws its Philox seed and offset from the device's default CUDA generator when launched. So that a task's
+// mask is a function of nntile's seed and the tile's place alone (the forward task and the backward task's
+// recomputation drop alike, whatever ran in between on either CUDA worker), the generator is set around the launch
+// to (splitmix64(seed), the tile's first element index first_seq * H * Tq * Tk rounded up to a multiple of 4) and put
+// back after: the user's random stream goes on where it was. A backward from the kept statistics builds the same
+// pair (kept_forward). The memory-efficient kernel adds (b * H + h) * Tq * Tk to the offset for the tile's sequence b
+// and head h, so its masks are the same for any tiling when H * Tq * Tk is a multiple of 4; cuDNN's and flash's
+// depend on the tiling too (the same for a seed and a tiling). One scope at a time in the process (launches are
+// asynchronous: the lock is held for microseconds). Torch code drawing CUDA random numbers on another thread during
+// that moment would draw from this stream instead of its own.
 class PhiloxScope {
   public:
     PhiloxScope(const Where &w, const AttentionDropout &drop, const at::Tensor &q, const at::Tensor &k) {
@@ -279,12 +282,17 @@ Forward kept_forward(const Where &w, const at::Tensor &q, const at::Tensor &k, c
     if (f.backend == kCudnn || f.backend == kFlash) {
         f.logsumexp = f.backend == kCudnn ? lse.unsqueeze(3) : lse;
         f.max_q = f.max_k = seq;
-        // without dropout (choose() gives these kernels none) the backward reads no seed or offset
+        // the seed and offset PhiloxScope gave the forward's launch, in the form each kernel returns them: cuDNN's
+        // zero-dim int64 device tensors; flash's (2,) uint64 device tensor [seed, offset] (its offset tensor unused)
+        const auto [seed, offset] = drop.p > 0.0f ? philox_of(drop, q, k) : std::pair<uint64_t, uint64_t>{0, 0};
         if (f.backend == kCudnn) {
-            f.philox_seed = at::empty({}, on_device.dtype(at::kLong));
-            f.philox_offset = at::empty({}, on_device.dtype(at::kLong));
+            f.philox_seed = at::full({}, (int64_t)seed, on_device.dtype(at::kLong));
+            f.philox_offset = at::full({}, (int64_t)offset, on_device.dtype(at::kLong));
         } else {
-            f.philox_seed = at::empty({2}, on_device.dtype(at::kUInt64));
+            auto state = at::empty({2}, on_device.dtype(at::kLong));
+            state.select(0, 0).fill_((int64_t)seed);
+            state.select(0, 1).fill_((int64_t)offset);
+            f.philox_seed = state.view(at::kUInt64);
             f.philox_offset = at::empty({}, on_device.dtype(at::kUInt64));
         }
     } else if (f.backend == kEfficient) {
