@@ -50,6 +50,33 @@ def test_gelu_matches_torch(device, approximate):
     assert_close_as_torch(g, gr, g64, what="grad x")
 
 
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_bf16_outputs_are_torchs_float32_values_rounded(device, approximate):
+    """GELU's forward and backward writing bfloat16 tiles (a bf16 matmul's input, docs/fusion.md): bit for bit
+    torch's float32 gelu and gelu backward cast to bfloat16 (on GPUs one kernel computing ATen's formula), on uneven
+    tiles, with values from the tails to zero."""
+    from nntile_torch import _C
+    from nntile_torch.tensor import TileTensor, new_tiles
+    torch.manual_seed(0)
+    x = torch.cat([torch.randn(1700, device=device) * 3, torch.linspace(-12, 12, 97, device=device),
+                   torch.tensor([0.0, -0.0, 1e-30, -1e-30, 50.0, -50.0], device=device)]).reshape(3, 601)
+    dy = torch.randn(3, 601, device=device)
+    xt = nt.TileTensor.from_dense(x, (2, 256), x.shape)
+    dyt = nt.TileTensor.from_dense(dy, (2, 256), dy.shape)
+    tanh = approximate == "tanh"
+    y = new_tiles(x.shape, (2, 256), torch.bfloat16)
+    _C.gelu_forward(xt.tiles, y, tanh)
+    dx = new_tiles(x.shape, (2, 256), torch.bfloat16)
+    _C.gelu_backward(dyt.tiles, xt.tiles, dx, tanh)
+    y_ref = torch.nn.functional.gelu(x, approximate=approximate).bfloat16()
+    dx_ref = torch.ops.aten.gelu_backward(dy, x, approximate=approximate).bfloat16()
+    for ours, ref, what in ((y, y_ref, "gelu"), (dx, dx_ref, "gelu_backward")):
+        got = TileTensor(ours, x.shape, x.device).materialize()
+        assert got.dtype == torch.bfloat16, got.dtype
+        differ = (got.view(torch.int16) != ref.view(torch.int16)).sum().item()
+        assert differ == 0, f"{what}: {differ} of {ref.numel()} values differ from torch's float32 result rounded"
+
+
 def test_block_of_tile_ops_stays_asynchronous(device):
     """LayerNorm -> Linear -> GELU -> Linear -> residual add, forward and backward: no host wait."""
     torch.manual_seed(0)
