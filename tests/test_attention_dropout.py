@@ -2,9 +2,9 @@
 for a seed and for any tiling; output and gradient against a PyTorch reference with the same mask; nanoGPT and
 Hugging Face GPT-2 with attention dropout train in tiles. On CPUs the mask is nntile's hash of (seed, sequence, head,
 query, key), which `_C.attention_dropout_keep` gives; on GPUs the fused kernel drops with its Philox generator set
-from the seed and the tile's place: float32 (and masks) in the memory-efficient kernel, whose mask the tests read off
-the output of an attention whose values are the identity (`kernel_keep`); bf16 in the kernel torch itself picks
-(cuDNN's on Hopper), checked against torch's own attention with dropout from the same generator state."""
+from the seed and the tile's place (by default the memory-efficient kernel; cuDNN's or flash in bf16 where
+NNTILE_ATTENTION names it): float32 checked with the mask read off the output of an attention whose values are the
+identity (`kernel_keep`), bf16 against torch's own attention with dropout from the same generator state."""
 import copy
 import importlib.util
 from pathlib import Path
@@ -184,15 +184,45 @@ def kernel_used(before, after):
     return moved[0]
 
 
+BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+
+
+@pytest.fixture
+def attention_kernel(request, monkeypatch):
+    """The runtime restarted with NNTILE_ATTENTION set to the parameter ("auto": unset), and stopped after the test
+    (the next one starts it with the environment restored). A kernel torch cannot run with dropout on this GPU
+    skips."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    kernel = request.param
+    if kernel != "auto":
+        q = torch.zeros(1, 2, 64, 64, device="cuda", dtype=torch.bfloat16)
+        try:
+            with sdpa_kernel(getattr(SDPBackend, BACKENDS[kernel])):
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, dropout_p=0.1, is_causal=True)
+        except RuntimeError as e:
+            pytest.skip(f"torch runs no {kernel} attention with dropout here: {e}")
+    nt.shutdown()
+    if kernel == "auto":
+        monkeypatch.delenv("NNTILE_ATTENTION", raising=False)
+    else:
+        monkeypatch.setenv("NNTILE_ATTENTION", kernel)
+    yield kernel
+    nt.shutdown()
+
+
+KERNELS = pytest.mark.parametrize("attention_kernel", ["auto", "cudnn", "flash"], indirect=True)
+
+
 @pytest.mark.cuda
 @CUDA
+@KERNELS
 @pytest.mark.parametrize("rows", [64, 128], ids=["one seq per tile", "two seqs per tile"])
-def test_gpu_bf16_dropout_is_torchs_own_fused_attention_with_the_tiles_generator_state(rows):
-    """bf16 on a GPU: dropout inside the fused kernel torch itself picks (cuDNN's on Hopper), one kernel for every
-    tile; output and gradient equal torch's scaled_dot_product_attention with dropout through that kernel, tile by
-    tile, from the generator state nntile sets for the tile (philox_of), to bf16's rounding, and far from it with
-    another seed: the backward, from the forward's kept statistics, replays the forward's mask. The caller's CUDA
-    random stream is left where it was."""
+def test_gpu_bf16_dropout_is_torchs_own_fused_attention_with_the_tiles_generator_state(rows, attention_kernel):
+    """bf16 on a GPU: dropout inside one fused kernel for every tile (by default the memory-efficient one; cuDNN's or
+    flash where NNTILE_ATTENTION names it); output and gradient equal torch's scaled_dot_product_attention with
+    dropout through that kernel, tile by tile, from the generator state nntile sets for the tile (philox_of), to
+    bf16's rounding, and far from it with another seed: the backward, from the forward's kept statistics, replays
+    the forward's mask. The caller's CUDA random stream is left where it was."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from nntile_torch.runtime import attention_forwards
     b, t, heads, hd, p, seed = 3, 64, 2, 64, 0.1, 2024
@@ -205,9 +235,9 @@ def test_gpu_bf16_dropout_is_torchs_own_fused_attention_with_the_tiles_generator
     forwards = attention_forwards()
     y, g = tiled(qkv, rows, heads, scale, p, seed, gy=gy, bf16=True)
     kernel = kernel_used(forwards, attention_forwards())
+    assert kernel == ("efficient" if attention_kernel == "auto" else attention_kernel), kernel
     assert torch.equal(torch.cuda.get_rng_state(), before)  # nntile's launches put the generator back
-    backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-               "cudnn": SDPBackend.CUDNN_ATTENTION}[kernel]
+    backend = getattr(SDPBackend, BACKENDS[kernel])
     per_tile = rows // t
 
     def torchs(seed):
@@ -235,7 +265,8 @@ def test_gpu_bf16_dropout_is_torchs_own_fused_attention_with_the_tiles_generator
 
 @pytest.mark.cuda
 @CUDA
-def test_gpu_bf16_dropout_keeps_the_share_and_scales_by_one_over_one_minus_p():
+@KERNELS
+def test_gpu_bf16_dropout_keeps_the_share_and_scales_by_one_over_one_minus_p(attention_kernel):
     """bf16 on a GPU, the mask read off the identity-values output (kernel_keep): kept entries are
     1 / ((1 - p)(i + 1)) to bf16's rounding, entries causality rules out are 0, the share kept is 1 - p within 5
     standard deviations and 1/256 (flash quantizes its threshold to 8 bits); the same seed gives the same mask,

@@ -77,8 +77,8 @@ struct Forward {
 // elsewhere), or the one NNTILE_ATTENTION names (read by the runtime at its start: set_attention_backend). Why
 // torch's choice and not always the memory-efficient kernel: docs/measurements.md, "LayerNorm and attention kernels".
 // A kernel ATen refuses once (an old GPU, a build without it, a layout it rejects) is not tried again: the
-// memory-efficient one from then on, with one line on stderr. fp32 and masks: the memory-efficient kernel. With
-// dropout too, each kernel drawing its mask from the generator state PhiloxScope sets (its backward replays it).
+// memory-efficient one from then on, with one line on stderr. fp32 and masks: the memory-efficient kernel. Each
+// kernel draws a dropout mask from the generator state PhiloxScope sets (its backward replays it).
 std::atomic<int> setting{-1};  // -1 auto, else kFlash / kEfficient / kCudnn
 std::atomic<bool> refused[4] = {false, false, false, false};
 std::atomic<int64_t> forwards[5] = {0, 0, 0, 0, 0};  // per kernel (index kCpu for the CPU's), for tests
@@ -88,6 +88,9 @@ int choose(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::T
     if (!w.cuda) return kCpu;
     if (!causal || q.scalar_type() != at::kBFloat16) return kEfficient;
     int b = setting.load(std::memory_order_relaxed);
+    // Dropout: the memory-efficient kernel unless NNTILE_ATTENTION names cuDNN's or flash (their dropout, replayed
+    // from the kept statistics, waits for its CUDA tests to pass before torch's choice takes it by default).
+    if (dropout_p > 0.0f && b < 0) return kEfficient;
     if (b < 0) {
         // torch's choice for this geometry, asked once per process (its checks cost tens of microseconds of launch
         // time per tile): q's and k's sizes and strides, the device, the scale and the dropout probability say it
