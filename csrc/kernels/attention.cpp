@@ -285,16 +285,24 @@ Forward kept_forward(const Where &w, const at::Tensor &q, const at::Tensor &k, c
     if (f.backend == kCudnn || f.backend == kFlash) {
         f.logsumexp = f.backend == kCudnn ? lse.unsqueeze(3) : lse;
         f.max_q = f.max_k = seq;
-        // the seed and offset PhiloxScope gave the forward's launch, in the form each kernel returns them: cuDNN's
-        // zero-dim int64 device tensors; flash's (2,) uint64 device tensor [seed, offset] (its offset tensor unused)
-        const auto [seed, offset] = drop.p > 0.0f ? philox_of(drop, q, k) : std::pair<uint64_t, uint64_t>{0, 0};
+        // with dropout, the seed and offset PhiloxScope gave the forward's launch, in the form each kernel returns
+        // them: cuDNN's zero-dim int64 device tensors; flash's (2,) uint64 device tensor [seed, offset] (its offset
+        // tensor unused). Without, the backward reads none: left unwritten (no fill kernels per tile).
+        const bool dropped = p > 0.0;
+        const auto [seed, offset] = dropped ? philox_of(drop, q, k) : std::pair<uint64_t, uint64_t>{0, 0};
         if (f.backend == kCudnn) {
-            f.philox_seed = at::full({}, (int64_t)seed, on_device.dtype(at::kLong));
-            f.philox_offset = at::full({}, (int64_t)offset, on_device.dtype(at::kLong));
+            f.philox_seed = at::empty({}, on_device.dtype(at::kLong));
+            f.philox_offset = at::empty({}, on_device.dtype(at::kLong));
+            if (dropped) {
+                f.philox_seed.fill_((int64_t)seed);
+                f.philox_offset.fill_((int64_t)offset);
+            }
         } else {
             auto state = at::empty({2}, on_device.dtype(at::kLong));
-            state.select(0, 0).fill_((int64_t)seed);
-            state.select(0, 1).fill_((int64_t)offset);
+            if (dropped) {
+                state.select(0, 0).fill_((int64_t)seed);
+                state.select(0, 1).fill_((int64_t)offset);
+            }
             f.philox_seed = state.view(at::kUInt64);
             f.philox_offset = at::empty({}, on_device.dtype(at::kUInt64));
         }
