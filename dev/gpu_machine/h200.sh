@@ -143,14 +143,48 @@ for step in "$@"; do
       for a in "--tile 8192" "--no-bias" "--tile 2048" "--precision fp32 --reps 3"; do
         python3 -m benchmarks.linear $a 2>&1 | tee -a "$OUT/linear_variants.log" | tail -1
       done; rc=0 ;;
-    ab)  # before/after in one run: the tree in .carry/old (e.g. git archive REV | tar -x -C .carry/old) vs this one
-      (cd .carry/old && MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build_old.log" 2>&1) || echo "old build failed"
-      for prec in bf16 tf32; do
-        for side in old new; do
-          dir=.; [ $side = old ] && dir=.carry/old
-          (cd $dir && python3 -m benchmarks.linear --precision $prec 2>&1) | sed "s/^/$side: /" | tee -a "$OUT/ab.log" | tail -1
+    ab)  # before/after in one call: the tree in .carry/old (dev/gpu_machine/prepare_ab.sh REV) beside this one, the
+         # old side on its own StarPU when .carry/old_starpu holds one. AB_PROFILE: benchmarks.profile_step runs (joined
+         # by ';', each optionally led by VAR=value settings, as profile's), each on both trees in turn, AB_ROUNDS
+         # rounds (default 2), both sides from a fresh copy of the carried STARPU_HOME; without it benchmarks.linear.
+      old_env=(STARPU_HOME=$PWD/.starpu_home_ab_old) new_env=(STARPU_HOME=$PWD/.starpu_home_ab_new)
+      for h in .starpu_home_ab_old .starpu_home_ab_new; do
+        rm -rf "$h" && mkdir -p "$h" && { [ ! -d .carry/starpu_home ] || cp -a .carry/starpu_home/. "$h/"; }
+      done
+      if [ -d .carry/old_starpu ]; then
+        op=/opt/nntile_torch/ab-old/starpu-1.3.10
+        rm -rf "$op" && mkdir -p "$(dirname "$op")" && cp -a .carry/old_starpu "$op"
+        old_env+=(STARPU_PREFIX=$op LD_LIBRARY_PATH=$op/lib:$LD_LIBRARY_PATH)
+      fi
+      echo "old: $(cat .carry/old/.ab_commit 2>/dev/null || echo '?') on StarPU $(env "${old_env[@]}" sh -c \
+        'cat "${STARPU_PREFIX}/.nntile_build"'); new: $(cat .carry/code_commit 2>/dev/null || echo '?')" | tee "$OUT/ab.log"
+      (cd .carry/old && env "${old_env[@]}" MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build_old.log" 2>&1) \
+        || { echo "old build failed"; grep -m20 -B2 -A6 error "$OUT/build_old.log"; }
+      if [ -n "${AB_PROFILE:-}" ]; then
+        IFS=';' read -ra runs <<< "$AB_PROFILE"
+        for round in $(seq "${AB_ROUNDS:-2}"); do
+          i=0
+          for r in "${runs[@]}"; do
+            i=$((i + 1)); split_env "$r"
+            for side in old new; do
+              if [ $side = old ]; then dir=.carry/old side_env=("${old_env[@]}"); else dir=. side_env=("${new_env[@]}"); fi
+              echo "== round $round, run $i, $side: $r" >>"$OUT/ab.log"
+              (cd $dir && env "${side_env[@]}" "${envs[@]}" timeout "${PROFILE_TIMEOUT:-200}" \
+                python3 -m benchmarks.profile_step "${words[@]}" --out "$OUT/ab_${round}_${i}_$side.json" >>"$OUT/ab.log" 2>&1)
+              echo "rc=$?" >>"$OUT/ab.log"
+              echo "round $round, run $i, $side: $(grep -E '^step|^rc=' "$OUT/ab.log" | tail -2 | tr '\n' ' ')"
+            done
+          done
         done
-      done; rc=0 ;;
+      else
+        for prec in bf16 tf32; do
+          for side in old new; do
+            if [ $side = old ]; then dir=.carry/old side_env=("${old_env[@]}"); else dir=. side_env=("${new_env[@]}"); fi
+            (cd $dir && env "${side_env[@]}" python3 -m benchmarks.linear --precision $prec 2>&1) | sed "s/^/$side: /" \
+              | tee -a "$OUT/ab.log" | tail -1
+          done
+        done
+      fi; rc=0 ;;
     train) python3 -m nntile_torch.train --model small --steps 500 --compare-torch --no-progress --out "$OUT/train" \
              2>&1 | tail -3; rc=${PIPESTATUS[0]} ;;
     bench)  # the benchmark harness; BENCH_ARGS: benchmarks.run arguments, several plans joined by ';', or @file
