@@ -298,11 +298,12 @@ PYBIND11_MODULE(_C, m) {
           py::arg("dropout_p") = 0.0f, py::arg("seed") = 0, py::arg("y") = nullptr, py::arg("stats") = nullptr);
     m.def("gqa_attention_forward", &ops::gqa_attention_forward, nogil, py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("y"), py::arg("seq"), py::arg("nheads"), py::arg("kv_heads"), py::arg("scale"),
-          py::arg("bf16") = false, py::arg("mask") = nullptr, py::arg("dropout_p") = 0.0f, py::arg("seed") = 0);
+          py::arg("bf16") = false, py::arg("mask") = nullptr, py::arg("dropout_p") = 0.0f, py::arg("seed") = 0,
+          py::arg("stats") = nullptr);
     m.def("gqa_attention_backward", &ops::gqa_attention_backward, nogil, py::arg("dy"), py::arg("q"), py::arg("k"),
           py::arg("v"), py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("seq"), py::arg("nheads"),
           py::arg("kv_heads"), py::arg("scale"), py::arg("bf16") = false, py::arg("mask") = nullptr,
-          py::arg("dropout_p") = 0.0f, py::arg("seed") = 0);
+          py::arg("dropout_p") = 0.0f, py::arg("seed") = 0, py::arg("y") = nullptr, py::arg("stats") = nullptr);
     m.def("cached_attention_forward", &ops::cached_attention_forward, nogil, py::arg("q"), py::arg("k"), py::arg("v"),
           py::arg("mask"), py::arg("y"), py::arg("q_len"), py::arg("kv_len"), py::arg("nheads"), py::arg("kv_heads"),
           py::arg("hd"), py::arg("q_col"), py::arg("k_col"), py::arg("v_col"), py::arg("scale"),

@@ -3,7 +3,7 @@ grouped-query attention), submitting tile tasks without waits."""
 import torch
 
 from . import _C
-from .functional import as_matrix_tiles, frees_saved, keep, kept, row_stats, tiles_of
+from .functional import as_matrix_tiles, attention_stats, frees_saved, keep, kept, row_stats, tiles_of
 from .tensor import TileTensor, new_tiles, plain, tiles_like, without_torch_function
 
 
@@ -130,10 +130,11 @@ class GQAttentionFunction(torch.autograd.Function):
     q's rows: attention_mask_tiles): q (B, T, nheads x hd), k and v (B, T, kv_heads x hd), TileTensors in tiles of
     whole rows with one row tiling holding whole sequences -> y (B, T, nheads x hd), heads side by side, tiled like
     q. Query head h reads k/v head h / (nheads / kv_heads) (Hugging Face's repeat_kv, inside the task: no repeated
-    k or v in tiles); the backward recomputes the forward and sums each k/v head's gradient over its group. bf16:
+    k or v in tiles); the backward reads the output and each query head's softmax log-sum-exp, which the forward
+    keeps (attention_stats, as CausalAttentionFunction's), and sums each k/v head's gradient over its group. bf16:
     the kernel computes in bfloat16 (tiles stay float32). dropout_p > 0: dropout on the attention probabilities, the
-    keep mask nntile's hash of (seed, sequence, query head, query, key), as CausalAttentionFunction's (explicit math
-    on the scores, recomputed by the backward). Keeps q, k, v."""
+    keep mask nntile's hash of (seed, sequence, query head, query, key), as CausalAttentionFunction's (on CPUs explicit
+    math on the scores, recomputed by the backward). Keeps q, k, v, y and the statistics."""
 
     @staticmethod
     @without_torch_function
@@ -141,8 +142,9 @@ class GQAttentionFunction(torch.autograd.Function):
         qt, kt, vt = q.tiles, k.tiles, v.tiles
         seq = q.shape[1]
         y = tiles_like(qt, name="gqa_attention.y")
-        _C.gqa_attention_forward(qt, kt, vt, y, seq, nheads, kv_heads, scale, bf16, mask, dropout_p, seed)
-        keep(ctx, q.device, qt, kt, vt)
+        stats = attention_stats(ctx, qt, seq, nheads)
+        _C.gqa_attention_forward(qt, kt, vt, y, seq, nheads, kv_heads, scale, bf16, mask, dropout_p, seed, stats)
+        keep(ctx, q.device, qt, kt, vt, y, *([stats] if stats is not None else []))
         ctx.args = (seq, nheads, kv_heads, scale, bf16, mask, dropout_p, seed)
         ctx.shapes, ctx.device = (q.shape, k.shape, v.shape), q.device
         return TileTensor(y, q.shape, q.device)
@@ -151,8 +153,9 @@ class GQAttentionFunction(torch.autograd.Function):
     @without_torch_function
     @frees_saved
     def backward(ctx, dy):
-        qt, kt, vt = kept(ctx)
+        qt, kt, vt, y, *stats = kept(ctx)
         dq, dk, dv = (tiles_like(t, name=f"gqa_attention.d{n}") for t, n in ((qt, "q"), (kt, "k"), (vt, "v")))
-        _C.gqa_attention_backward(tiles_of(qt.shape, qt.tile_shape, dy), qt, kt, vt, dq, dk, dv, *ctx.args)
+        _C.gqa_attention_backward(tiles_of(qt.shape, qt.tile_shape, dy), qt, kt, vt, dq, dk, dv, *ctx.args,
+                                  y if stats else None, stats[0] if stats else None)
         return (*(TileTensor(g, shape, ctx.device) for g, shape in zip((dq, dk, dv), ctx.shapes)),
                 None, None, None, None, None, None, None)

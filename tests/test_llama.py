@@ -314,6 +314,66 @@ def test_gqa_attention_matches_torch(device, b, t, heads, kv_heads, hd, rows, ma
         assert_close_as_torch(a, r, r64, what=f"grad {name}")
 
 
+
+@pytest.mark.parametrize("masked", [False, True], ids=["causal", "masked"])
+@pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rows,p", [(23, 0.0), (46, 0.0), (46, 0.25)], ids=["1seq", "2seq", "2seq-dropout"])
+def test_gqa_attention_backward_from_the_kept_statistics_equals_the_recomputing_one(device, masked, bf16, rows, p):
+    """Grouped-query attention as multi-head attention's test in test_norm_act.py: the forward keeps each query head's
+    softmax log-sum-exp (over its group's k/v head, natural log, as float64 computes it from the q and k the kernel
+    read); the backward given the output and those statistics runs no forward, and its dq, dk, dv are the recomputing
+    backward's: bit for bit on CPUs, to the fused kernels' rounding on GPUs. Three sequences of 23, 4 query heads over
+    2 k/v heads of 12 (padded to 16 on GPUs), 1 or 2 sequences per tile (the last tile partial), causal or a padding
+    mask, with attention dropout (on CPUs the explicit path, which keeps nothing)."""
+    from nntile_torch import _C
+    from nntile_torch.runtime import attention_forwards
+    from nntile_torch.tensor import new_tiles, tiles_like
+    b, t, heads, kv_heads, hd, seed = 3, 23, 4, 2, 12, 77
+    c, ckv, scale = heads * hd, kv_heads * hd, hd ** -0.5
+    gen = torch.Generator().manual_seed(21)
+    q, k, v = (torch.randn(b * t, w, generator=gen).to(device) for w in (c, ckv, ckv))
+    dy = torch.randn(b * t, c, generator=gen).to(device)
+    mask = None
+    if masked:  # causal, and the first keys of the second sequence padded away
+        m = torch.zeros(b, t, t).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        m[1, :, :3] = float("-inf")
+        m[1, :3, 0] = 0.0  # every query keeps a key
+        mask = nt.TileTensor.from_dense(m.reshape(b * t, t).to(device), (rows, t)).tiles
+    qt, kt, vt = (nt.TileTensor.from_dense(z, (rows, z.shape[1])).tiles for z in (q, k, v))
+    g = nt.TileTensor.from_dense(dy, (rows, c)).tiles
+    y = new_tiles([b * t, c], [rows, c])
+    stats = new_tiles([b, heads * t], [rows // t, heads * t])
+    _C.gqa_attention_forward(qt, kt, vt, y, t, heads, kv_heads, scale, bf16, mask, p, seed, stats)
+    dense = nt.TileTensor(stats, (b, heads, t), device).materialize().double()
+    grads = {}
+    counts = [attention_forwards()]
+    for name, extra in (("kept", (y, stats)), ("again", ())):
+        grads[name] = [tiles_like(z) for z in (qt, kt, vt)]
+        _C.gqa_attention_backward(g, qt, kt, vt, *grads[name], t, heads, kv_heads, scale, bf16, mask, p, seed, *extra)
+        nt.synchronize()
+        counts.append(attention_forwards())
+    explicit = p > 0 and device == "cpu"  # the explicit dropout path: no fused kernel either way
+    assert counts[1] == counts[0], counts[:2]
+    assert sum(counts[2].values()) - sum(counts[1].values()) == (0 if explicit else -(-b * t // rows))
+    for z, ours, theirs in zip("qkv", grads["kept"], grads["again"]):
+        ours, theirs = (nt.TileTensor(d, tuple(d.shape), device).materialize() for d in (ours, theirs))
+        if device == "cpu":
+            assert torch.equal(ours, theirs), z
+        else:
+            err = (ours - theirs).abs().max().item() / theirs.abs().max().item()
+            assert err < (1e-2 if bf16 else 1e-5), f"d{z}: relative difference {err:.2e}"
+    if explicit:
+        return
+    qh = q.reshape(b, t, heads, hd).transpose(1, 2).double()
+    kh = k.reshape(b, t, kv_heads, hd).transpose(1, 2).double().repeat_interleave(heads // kv_heads, dim=1)
+    if bf16:
+        qh, kh = qh.bfloat16().double(), kh.bfloat16().double()
+    scores = qh @ kh.transpose(2, 3) * scale
+    bias = m.to(device).double().unsqueeze(1) if masked else \
+        torch.zeros(t, t, device=device, dtype=torch.double).masked_fill(
+            torch.ones(t, t, dtype=torch.bool, device=device).triu(1), float("-inf"))
+    torch.testing.assert_close(dense, torch.logsumexp(scores + bias, -1), rtol=0, atol=1e-2 if bf16 else 1e-5)
+
 def test_gqa_attention_bad_input():
     from nntile_torch import _C
     from nntile_torch.tensor import new_tiles
@@ -373,11 +433,12 @@ def test_plan_reads_llama_shapes(kind):
     assert c.attention_flops == 2 * 4 * 72 * 64
     # per token and block, float32: two RMSNorms (input + rstd), the 7 projections' inputs (six of 72, o's being the
     # attention's output; down's 164), attention's rotated q, k and v (72 + 2 x 36; the k/v heads are repeated inside
-    # its tasks only), less the k and v projections' shared input (2 x 72), the gated MLP's two products (2 x 164),
-    # less the up projection's shared input (72)
-    expect = 2 * (4 * 72 + 4) + 4 * (6 * 72 + 164) + 4 * (144 - 144) + 4 * (2 * 164 - 72)
-    assert c.blocks[0].kept == expect == 3992
-    assert gqa_attention_costs(72, 36, 64, 72, "bf16").kept - gqa_attention_costs(72, 36, 64, 72).kept == 8 * 72
+    # its tasks only) and a log-sum-exp per query head (4), less the k and v projections' shared input (2 x 72), the
+    # gated MLP's two products (2 x 164), less the up projection's shared input (72)
+    expect = 2 * (4 * 72 + 4) + 4 * (6 * 72 + 164) + 4 * (144 - 144 + 4) + 4 * (2 * 164 - 72)
+    assert c.blocks[0].kept == expect == 4008
+    # bf16: the k and v projections' own bf16 copies (2 x 72), and the attention's fp32 output beside o's bf16 copy
+    assert gqa_attention_costs(72, 36, 64, 72, "bf16").kept - gqa_attention_costs(72, 36, 64, 72).kept == 12 * 72
     assert gated_mlp_costs(164, 72).kept == 4 * (2 * 164 - 72)
     # elementwise bytes per token and block: two residual adds, two RMSNorms, rope over q and k, silu_mul over the
     # inner width

@@ -64,33 +64,35 @@ struct GqaArgs {
     bool bf16;
     bool masked;  // a mask tile follows v in the buffers
     kernels::AttentionDropout drop;
+    bool kept;  // the forward writes its statistics into a stats tile (last), the backward reads y and them (last)
 };
 
 uint32_t gqa_footprint(starpu_task *task) {
     const auto &a = args_of<GqaArgs>(task);
     return hash_ints({a.nseq, a.seq, a.nheads, a.kv_heads, a.hd, a.bf16 ? 1 : 0, a.masked ? 1 : 0,
-                      a.drop.p > 0.0f ? 1 : 0});
+                      a.drop.p > 0.0f ? 1 : 0, a.kept ? 1 : 0});
 }
 
 #define NNTILE_PTR(i) ((float *)STARPU_VECTOR_GET_PTR(buffers[i]))
 
 template <bool Cuda>
-void gqa_fwd_func(void *buffers[], void *cl_arg) {  // buffers: q, k, v, [mask], y
+void gqa_fwd_func(void *buffers[], void *cl_arg) {  // buffers: q, k, v, [mask], y, [stats]
     auto *a = static_cast<GqaArgs *>(cl_arg);
     const int m = a->masked ? 1 : 0;
     kernels::gqa_attention_forward(where<Cuda>(), a->nseq, a->seq, a->nheads, a->kv_heads, a->hd, a->scale, a->bf16,
                                    NNTILE_PTR(0), NNTILE_PTR(1), NNTILE_PTR(2), m ? NNTILE_PTR(3) : nullptr,
-                                   NNTILE_PTR(3 + m), a->drop);
+                                   NNTILE_PTR(3 + m), a->drop, a->kept ? NNTILE_PTR(4 + m) : nullptr);
 }
 
 template <bool Cuda>
-void gqa_bwd_func(void *buffers[], void *cl_arg) {  // buffers: dy, q, k, v, [mask], dq, dk, dv
+void gqa_bwd_func(void *buffers[], void *cl_arg) {  // buffers: dy, q, k, v, [mask], dq, dk, dv, [y, stats]
     auto *a = static_cast<GqaArgs *>(cl_arg);
     const int m = a->masked ? 1 : 0;
     kernels::gqa_attention_backward(where<Cuda>(), a->nseq, a->seq, a->nheads, a->kv_heads, a->hd, a->scale, a->bf16,
                                     NNTILE_PTR(0), NNTILE_PTR(1), NNTILE_PTR(2), NNTILE_PTR(3),
                                     m ? NNTILE_PTR(4) : nullptr, NNTILE_PTR(4 + m), NNTILE_PTR(5 + m),
-                                    NNTILE_PTR(6 + m), a->drop);
+                                    NNTILE_PTR(6 + m), a->drop, a->kept ? NNTILE_PTR(7 + m) : nullptr,
+                                    a->kept ? NNTILE_PTR(8 + m) : nullptr);
 }
 #undef NNTILE_PTR
 
@@ -164,16 +166,20 @@ void submit_cached_attention_forward(int64_t nseq, int64_t q_len, int64_t kv_len
 void submit_gqa_attention_forward(int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                                   float scale, bool bf16, starpu_data_handle_t q, starpu_data_handle_t k,
                                   starpu_data_handle_t v, starpu_data_handle_t mask, starpu_data_handle_t y,
-                                  float dropout_p, int64_t seed, int64_t first_seq) {
-    const bool masked = mask != nullptr;
+                                  float dropout_p, int64_t seed, int64_t first_seq, starpu_data_handle_t stats) {
+    const bool masked = mask != nullptr, kept = stats != nullptr;
     double flops = 4.0 * nseq * seq * seq * nheads * hd / (masked ? 1 : 2);  // causal: half of QK^T and PV
-    auto *args = cl_args(GqaArgs{nseq, seq, nheads, kv_heads, hd, scale, bf16, masked, {dropout_p, seed, first_seq}});
-    int ret = masked ? NNTILE_TASK_INSERT(cl_gqa_fwd(), STARPU_R, q, STARPU_R, k, STARPU_R, v, STARPU_R, mask,
-                                          STARPU_W, y, STARPU_CL_ARGS, args, sizeof(GqaArgs), STARPU_FLOPS, flops,
-                                          STARPU_NAME, "gqa_attention_forward_masked", 0)
-                     : NNTILE_TASK_INSERT(cl_gqa_fwd(), STARPU_R, q, STARPU_R, k, STARPU_R, v, STARPU_W, y,
-                                          STARPU_CL_ARGS, args, sizeof(GqaArgs), STARPU_FLOPS, flops, STARPU_NAME,
-                                          "gqa_attention_forward", 0);
+    auto *args =
+        cl_args(GqaArgs{nseq, seq, nheads, kv_heads, hd, scale, bf16, masked, {dropout_p, seed, first_seq}, kept});
+    starpu_data_descr d[6];
+    int n = 0;
+    for (auto h : {q, k, v}) d[n++] = {h, STARPU_R};
+    if (masked) d[n++] = {mask, STARPU_R};
+    d[n++] = {y, STARPU_W};
+    if (kept) d[n++] = {stats, STARPU_W};
+    int ret = NNTILE_TASK_INSERT(cl_gqa_fwd(), STARPU_DATA_MODE_ARRAY, d, n, STARPU_CL_ARGS, args, sizeof(GqaArgs),
+                                 STARPU_FLOPS, flops, STARPU_NAME,
+                                 masked ? "gqa_attention_forward_masked" : "gqa_attention_forward", 0);
     NNTILE_STARPU_CHECK(ret, "submitting gqa_attention_forward seq=" << seq << " heads=" << nheads << "/" << kv_heads
                                                                      << " masked=" << masked);
     count_task();
@@ -183,17 +189,25 @@ void submit_gqa_attention_backward(int64_t nseq, int64_t seq, int64_t nheads, in
                                    float scale, bool bf16, starpu_data_handle_t dy, starpu_data_handle_t q,
                                    starpu_data_handle_t k, starpu_data_handle_t v, starpu_data_handle_t mask,
                                    starpu_data_handle_t dq, starpu_data_handle_t dk, starpu_data_handle_t dv,
-                                   float dropout_p, int64_t seed, int64_t first_seq) {
-    const bool masked = mask != nullptr;
-    double flops = 3.5 * 4.0 * nseq * seq * seq * nheads * hd / (masked ? 1 : 2);  // recomputed forward + backward
-    auto *args = cl_args(GqaArgs{nseq, seq, nheads, kv_heads, hd, scale, bf16, masked, {dropout_p, seed, first_seq}});
-    int ret = masked ? NNTILE_TASK_INSERT(cl_gqa_bwd(), STARPU_R, dy, STARPU_R, q, STARPU_R, k, STARPU_R, v, STARPU_R,
-                                          mask, STARPU_W, dq, STARPU_W, dk, STARPU_W, dv, STARPU_CL_ARGS, args,
-                                          sizeof(GqaArgs), STARPU_FLOPS, flops, STARPU_NAME,
-                                          "gqa_attention_backward_masked", 0)
-                     : NNTILE_TASK_INSERT(cl_gqa_bwd(), STARPU_R, dy, STARPU_R, q, STARPU_R, k, STARPU_R, v, STARPU_W,
-                                          dq, STARPU_W, dk, STARPU_W, dv, STARPU_CL_ARGS, args, sizeof(GqaArgs),
-                                          STARPU_FLOPS, flops, STARPU_NAME, "gqa_attention_backward", 0);
+                                   float dropout_p, int64_t seed, int64_t first_seq, starpu_data_handle_t y,
+                                   starpu_data_handle_t stats) {
+    const bool masked = mask != nullptr, kept = y != nullptr && stats != nullptr;
+    // the backward's products, and without the kept statistics the recomputed forward's
+    double flops = (kept ? 2.5 : 3.5) * 4.0 * nseq * seq * seq * nheads * hd / (masked ? 1 : 2);
+    auto *args =
+        cl_args(GqaArgs{nseq, seq, nheads, kv_heads, hd, scale, bf16, masked, {dropout_p, seed, first_seq}, kept});
+    starpu_data_descr d[10];
+    int n = 0;
+    for (auto h : {dy, q, k, v}) d[n++] = {h, STARPU_R};
+    if (masked) d[n++] = {mask, STARPU_R};
+    for (auto h : {dq, dk, dv}) d[n++] = {h, STARPU_W};
+    if (kept) {
+        d[n++] = {y, STARPU_R};
+        d[n++] = {stats, STARPU_R};
+    }
+    int ret = NNTILE_TASK_INSERT(cl_gqa_bwd(), STARPU_DATA_MODE_ARRAY, d, n, STARPU_CL_ARGS, args, sizeof(GqaArgs),
+                                 STARPU_FLOPS, flops, STARPU_NAME,
+                                 masked ? "gqa_attention_backward_masked" : "gqa_attention_backward", 0);
     NNTILE_STARPU_CHECK(ret, "submitting gqa_attention_backward seq=" << seq << " heads=" << nheads << "/"
                                                                       << kv_heads << " masked=" << masked);
     count_task();

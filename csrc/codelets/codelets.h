@@ -95,12 +95,14 @@ void submit_cached_attention_forward(int64_t nseq, int64_t q_len, int64_t kv_len
 void submit_gqa_attention_forward(int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                                   float scale, bool bf16, starpu_data_handle_t q, starpu_data_handle_t k,
                                   starpu_data_handle_t v, starpu_data_handle_t mask, starpu_data_handle_t y,
-                                  float dropout_p = 0.0f, int64_t seed = 0, int64_t first_seq = 0);
+                                  float dropout_p = 0.0f, int64_t seed = 0, int64_t first_seq = 0,
+                                  starpu_data_handle_t stats = nullptr);
 void submit_gqa_attention_backward(int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                                    float scale, bool bf16, starpu_data_handle_t dy, starpu_data_handle_t q,
                                    starpu_data_handle_t k, starpu_data_handle_t v, starpu_data_handle_t mask,
                                    starpu_data_handle_t dq, starpu_data_handle_t dk, starpu_data_handle_t dv,
-                                   float dropout_p = 0.0f, int64_t seed = 0, int64_t first_seq = 0);
+                                   float dropout_p = 0.0f, int64_t seed = 0, int64_t first_seq = 0,
+                                   starpu_data_handle_t y = nullptr, starpu_data_handle_t stats = nullptr);
 // Records a task error (raised at the host's next wait) when an integer tile (n values) holds a value outside
 // [lo, hi) other than `ignore`; `what` names the check in the message.
 void submit_index_check(int64_t n, int64_t lo, int64_t hi, int64_t ignore, const std::string &what,

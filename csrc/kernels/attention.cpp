@@ -530,7 +530,7 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
 
 void gqa_attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                            float scale, bool bf16, const float *q, const float *k, const float *v, const float *mask,
-                           float *y, const AttentionDropout &drop) {
+                           float *y, const AttentionDropout &drop, float *stats) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     const int64_t groups = nheads / kv_heads;
@@ -550,11 +550,13 @@ void gqa_attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t nh
                     heads_of(w, v, nseq, seq, kv_heads, groups, hd, bf16), scale,
                     attention_bias(w, mask, nseq, seq, nheads, qh), drop);
     wrap(y, {nseq, seq, nheads, hd}, w).copy_(unpad(f.out, hd));
+    if (stats) save_stats(w, f, nseq, nheads, seq, stats);
 }
 
 void gqa_attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                             float scale, bool bf16, const float *dy, const float *q, const float *k, const float *v,
-                            const float *mask, float *dq, float *dk, float *dv, const AttentionDropout &drop) {
+                            const float *mask, float *dq, float *dk, float *dv, const AttentionDropout &drop,
+                            const float *y, const float *stats) {
     StreamScope scope(w);
     c10::NoGradGuard no_grad;
     const int64_t groups = nheads / kv_heads;
@@ -578,7 +580,7 @@ void gqa_attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t n
     const auto dy_view = wrap(dy, {nseq, seq, nheads, hd}, w).transpose(1, 2);  // (nseq, nheads, seq, hd)
     auto [gq, gk, gv] = fused_backward(w, qh, heads_of(w, k, nseq, seq, kv_heads, groups, hd, bf16),
                                        heads_of(w, v, nseq, seq, kv_heads, groups, hd, bf16), scale,
-                                       attention_bias(w, mask, nseq, seq, nheads, qh), dy_view, drop);
+                                       attention_bias(w, mask, nseq, seq, nheads, qh), dy_view, drop, y, stats);
     wrap(dq, {nseq, seq, nheads, hd}, w).copy_(unpad(gq, hd));
     // a k/v head's gradient is the sum over the query heads of its group (repeat_kv's backward), in float32
     for (auto [g, out] : {std::pair{gk, dk}, std::pair{gv, dv}}) {

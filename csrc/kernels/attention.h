@@ -41,14 +41,17 @@ void attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t c, in
 // Grouped-query attention (Llama, Mistral, Qwen2) on separate tiles of whole sequences: q (nseq * seq, nheads * hd),
 // k and v (nseq * seq, kv_heads * hd), heads side by side in each row; query head h attends with k/v head
 // h / (nheads / kv_heads) (Hugging Face's repeat_kv, done inside the task) -> y (nseq * seq, nheads * hd). mask and
-// bf16 and dropout as attention_forward's (the keep mask hashed per query head). The backward recomputes the forward
-// and writes dq, dk, dv, a k/v head's gradient summed over its group of query heads.
+// bf16 and dropout as attention_forward's (the keep mask hashed per query head); stats, y: as attention_forward's
+// and attention_backward's (the forward keeps each query head's log-sum-exp, the backward reads it with y instead of
+// recomputing the forward). The backward writes dq, dk, dv, a k/v head's gradient summed over its group of query
+// heads.
 void gqa_attention_forward(const Where &w, int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                            float scale, bool bf16, const float *q, const float *k, const float *v, const float *mask,
-                           float *y, const AttentionDropout &drop = {});
+                           float *y, const AttentionDropout &drop = {}, float *stats = nullptr);
 void gqa_attention_backward(const Where &w, int64_t nseq, int64_t seq, int64_t nheads, int64_t kv_heads, int64_t hd,
                             float scale, bool bf16, const float *dy, const float *q, const float *k, const float *v,
-                            const float *mask, float *dq, float *dk, float *dv, const AttentionDropout &drop = {});
+                            const float *mask, float *dq, float *dk, float *dv, const AttentionDropout &drop = {},
+                            const float *y = nullptr, const float *stats = nullptr);
 // Attention of q_len new queries per sequence over kv_len keys (generation's key/value cache: the new positions over
 // the cached ones and themselves), forward only: q (nseq * q_len rows), k and v (nseq * kv_len rows), each row of q
 // holding nheads heads of hd (k and v kv_heads heads) from the pointer on, rows ld_q / ld_k / ld_v floats apart

@@ -149,36 +149,44 @@ void cached_attention_forward(TileTensor &q, TileTensor &k, TileTensor *v, TileT
 }
 
 void gqa_attention_forward(TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &y, int64_t seq, int64_t nheads,
-                           int64_t kv_heads, float scale, bool bf16, TileTensor *mask, float dropout_p, int64_t seed) {
+                           int64_t kv_heads, float scale, bool bf16, TileTensor *mask, float dropout_p, int64_t seed,
+                           TileTensor *stats) {
     check_gqa(q, k, v, y, seq, nheads, kv_heads, "gqa_attention");
     check_mask(q, mask, seq, "gqa_attention");
     check_dropout(dropout_p, "gqa_attention");
+    stats = kept_stats(stats, q, seq, nheads, "gqa_attention");
     const int64_t hd = q.shape()[1] / nheads;
     for (int64_t i = 0; i < q.grid()[0]; ++i) {
         OnWorker on(placement_worker(i));
         codelets::submit_gqa_attention_forward(q.tile_extent(0, i) / seq, seq, nheads, kv_heads, hd, scale, bf16,
                                                q.handle(i), k.handle(i), v.handle(i),
                                                mask ? mask->handle(i) : nullptr, y.handle(i), dropout_p, seed,
-                                               i * q.tile_shape()[0] / seq);
+                                               i * q.tile_shape()[0] / seq, stats ? stats->handle(i) : nullptr);
     }
     y.bump_version();
+    if (stats) stats->bump_version();
 }
 
 void gqa_attention_backward(TileTensor &dy, TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &dq,
                             TileTensor &dk, TileTensor &dv, int64_t seq, int64_t nheads, int64_t kv_heads, float scale,
-                            bool bf16, TileTensor *mask, float dropout_p, int64_t seed) {
+                            bool bf16, TileTensor *mask, float dropout_p, int64_t seed, TileTensor *y,
+                            TileTensor *stats) {
     check_gqa(q, k, v, dy, seq, nheads, kv_heads, "gqa_attention_backward");
     check_mask(q, mask, seq, "gqa_attention_backward");
     check_dropout(dropout_p, "gqa_attention_backward");
     NNTILE_CHECK(dq.same_tiling(q) && dk.same_tiling(k) && dv.same_tiling(v),
                  "gqa_attention_backward: dq, dk, dv must be tiled like q, k, v");
+    NNTILE_CHECK(!stats || y, "gqa_attention_backward: the kept statistics come with the forward's output y");
+    if (y) check_gqa(q, k, v, *y, seq, nheads, kv_heads, "gqa_attention_backward");
+    stats = kept_stats(stats, q, seq, nheads, "gqa_attention_backward");
     const int64_t hd = q.shape()[1] / nheads;
     for (int64_t i = 0; i < q.grid()[0]; ++i) {
         OnWorker on(placement_worker(i));
         codelets::submit_gqa_attention_backward(q.tile_extent(0, i) / seq, seq, nheads, kv_heads, hd, scale, bf16,
                                                 dy.handle(i), q.handle(i), k.handle(i), v.handle(i),
                                                 mask ? mask->handle(i) : nullptr, dq.handle(i), dk.handle(i),
-                                                dv.handle(i), dropout_p, seed, i * q.tile_shape()[0] / seq);
+                                                dv.handle(i), dropout_p, seed, i * q.tile_shape()[0] / seq,
+                                                stats ? y->handle(i) : nullptr, stats ? stats->handle(i) : nullptr);
     }
     dq.bump_version();
     dk.bump_version();

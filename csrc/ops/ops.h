@@ -79,14 +79,15 @@ void attention_backward(TileTensor &dy, TileTensor &qkv, TileTensor &dqkv, int64
                         TileTensor *y = nullptr, TileTensor *stats = nullptr);
 // Grouped-query causal attention (Llama, Mistral, Qwen2): q (M, nheads x hd), k and v (M, kv_heads x hd), each in
 // tiles of whole rows with the same row tiles holding whole sequences of `seq` -> y (M, nheads x hd) tiled by those
-// rows; query head h reads k/v head h / (nheads / kv_heads). mask, bf16, dropout_p, seed: as attention_forward's.
-// Backward: dq, dk, dv tiled like q, k, v.
+// rows; query head h reads k/v head h / (nheads / kv_heads). mask, bf16, dropout_p, seed, stats (M / seq, nheads x
+// seq) and y: as attention_forward's and attention_backward's. Backward: dq, dk, dv tiled like q, k, v.
 void gqa_attention_forward(TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &y, int64_t seq, int64_t nheads,
                            int64_t kv_heads, float scale, bool bf16, TileTensor *mask, float dropout_p = 0.0f,
-                           int64_t seed = 0);
+                           int64_t seed = 0, TileTensor *stats = nullptr);
 void gqa_attention_backward(TileTensor &dy, TileTensor &q, TileTensor &k, TileTensor &v, TileTensor &dq,
                             TileTensor &dk, TileTensor &dv, int64_t seq, int64_t nheads, int64_t kv_heads, float scale,
-                            bool bf16, TileTensor *mask, float dropout_p = 0.0f, int64_t seed = 0);
+                            bool bf16, TileTensor *mask, float dropout_p = 0.0f, int64_t seed = 0,
+                            TileTensor *y = nullptr, TileTensor *stats = nullptr);
 // Generation's attention of q_len new queries per sequence over kv_len cached keys, forward only (no gradient):
 // q (S * q_len, Wq), k (S * kv_len, Wk), v (S * kv_len, Wv) or nullptr (v's heads then in k's rows: GPT-2's packed
 // qkv), each in tiles of whole rows, tile i of each holding the same whole sequences; their heads start at columns
