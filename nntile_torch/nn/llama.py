@@ -40,13 +40,14 @@ def _shared_input(width, precision):
 
 
 def gqa_attention_costs(width, kv_width, seq, hidden=None, precision="fp32", heads=0):
-    """Causal grouped-query attention beside its projections, per token: it keeps q and k after the rotary embedding
-    and v (float32, width + 2 x kv_width) for the backward, which makes their gradients (the k/v heads are repeated
-    for the fused kernel inside its tasks only, nothing kept), its output and a softmax log-sum-exp per query head
+    """Causal grouped-query attention beside its projections, per token: it keeps q and k after the rotary embedding and
+    v (float32, width + 2 x kv_width) for the backward, which makes their gradients (the k/v heads are repeated for
+    the fused kernel inside its tasks only, nothing kept), its output and a softmax log-sum-exp per query head
     (float32: the backward reads them instead of recomputing the forward); the output is also the o projection's
-    input, the same tiles in fp32 and tf32, in bf16 beside that Linear's bf16 copy. QK^T and PV are 2 x 2 x width x seq forward FLOPs per token over the query heads (the causal half
-    not subtracted, as GPT-2's attention_costs). The k and v projections keep the q projection's input (`hidden`
-    wide): taken back here. The rotary embedding reads q and k and writes them again (elementwise)."""
+    input, the same tiles in fp32 and tf32, in bf16 beside that Linear's bf16 copy. QK^T and PV are 2 x 2 x width x
+    seq forward FLOPs per token over the query heads (the causal half not subtracted, as GPT-2's attention_costs).
+    The k and v projections keep the q projection's input (`hidden` wide): taken back here. The rotary embedding
+    reads q and k and writes them again (elementwise)."""
     qkv = 4 * (width + 2 * kv_width)
     shared = 2 * _shared_input(hidden or width, precision)
     out = 4 * width if precision == "bf16" else 0
