@@ -76,6 +76,26 @@ _EVICTION_PARAMS = [(f"layers[{i}].{name}", n) for i in range(6) for name, n in 
                                                                                      ("bias", 640))]
 
 
+def padded_causal_bias(b, t):
+    """(b, t, t) additive float mask of the kept-statistics tests: causal, and the first three keys of sequence 1
+    padded away (every query still keeps a key)."""
+    m = torch.zeros(b, t, t).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    m[1, :, :3] = float("-inf")
+    m[1, :3, 0] = 0.0
+    return m
+
+
+def softmax_logsumexp(q, k, scale, bias=None):
+    """The log-sum-exp per head and query that an attention forward keeps, in float64, from q and k (B, H, T, D)
+    (float64 already): of the scaled scores plus `bias` ((B, T, T), padded_causal_bias), causal without one."""
+    t = q.shape[2]
+    if bias is None:
+        causal = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+        bias = torch.zeros(t, t, dtype=torch.double, device=q.device).masked_fill(causal, float("-inf"))
+    else:
+        bias = bias.to(q.device).double().unsqueeze(1)
+    return torch.logsumexp(q @ k.transpose(2, 3) * scale + bias, -1)
+
 def run_python(code, timeout, env=None, what="the script"):
     """Runs `code` in a fresh interpreter (its own StarPU) in a session of its own, with a hard `timeout`: past it
     the whole process group is killed (SIGKILL) and the test fails with the output so far, after at most 10 more

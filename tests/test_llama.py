@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import nntile_torch as nt
-from conftest import assert_close_as_torch
+from conftest import assert_close_as_torch, padded_causal_bias, softmax_logsumexp
 from nntile_torch.recognize import rmsnorm_like
 
 llama = pytest.importorskip("transformers.models.llama.modeling_llama")
@@ -334,10 +334,8 @@ def test_gqa_attention_backward_from_the_kept_statistics_equals_the_recomputing_
     q, k, v = (torch.randn(b * t, w, generator=gen).to(device) for w in (c, ckv, ckv))
     dy = torch.randn(b * t, c, generator=gen).to(device)
     mask = None
-    if masked:  # causal, and the first keys of the second sequence padded away
-        m = torch.zeros(b, t, t).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-        m[1, :, :3] = float("-inf")
-        m[1, :3, 0] = 0.0  # every query keeps a key
+    m = padded_causal_bias(b, t) if masked else None
+    if masked:
         mask = nt.TileTensor.from_dense(m.reshape(b * t, t).to(device), (rows, t)).tiles
     qt, kt, vt = (nt.TileTensor.from_dense(z, (rows, z.shape[1])).tiles for z in (q, k, v))
     g = nt.TileTensor.from_dense(dy, (rows, c)).tiles
@@ -368,11 +366,7 @@ def test_gqa_attention_backward_from_the_kept_statistics_equals_the_recomputing_
     kh = k.reshape(b, t, kv_heads, hd).transpose(1, 2).double().repeat_interleave(heads // kv_heads, dim=1)
     if bf16:
         qh, kh = qh.bfloat16().double(), kh.bfloat16().double()
-    scores = qh @ kh.transpose(2, 3) * scale
-    bias = m.to(device).double().unsqueeze(1) if masked else \
-        torch.zeros(t, t, device=device, dtype=torch.double).masked_fill(
-            torch.ones(t, t, dtype=torch.bool, device=device).triu(1), float("-inf"))
-    torch.testing.assert_close(dense, torch.logsumexp(scores + bias, -1), rtol=0, atol=1e-2 if bf16 else 1e-5)
+    torch.testing.assert_close(dense, softmax_logsumexp(qh, kh, scale, m), rtol=0, atol=1e-2 if bf16 else 1e-5)
 
 def test_gqa_attention_bad_input():
     from nntile_torch import _C

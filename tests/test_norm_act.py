@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import nntile_torch as nt
-from conftest import assert_close_as_torch, max_err
+from conftest import assert_close_as_torch, max_err, padded_causal_bias, softmax_logsumexp
 
 
 def grads(module, x, gy, params=()):
@@ -234,10 +234,8 @@ def test_attention_backward_from_the_kept_statistics_equals_the_recomputing_one(
     qkv = torch.randn(b * t, 3 * c, generator=gen).to(device)
     dy = torch.randn(b * t, c, generator=gen).to(device)
     mask = None
-    if masked:  # causal, and the first keys of the second sequence padded away
-        m = torch.zeros(b, t, t).masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
-        m[1, :, :3] = float("-inf")
-        m[1, :3, 0] = 0.0  # every query keeps a key
+    m = padded_causal_bias(b, t) if masked else None
+    if masked:
         mask = nt.TileTensor.from_dense(m.reshape(b * t, t).to(device), (rows, t)).tiles
     x = nt.TileTensor.from_dense(qkv, (rows, 3 * c)).tiles
     g = nt.TileTensor.from_dense(dy, (rows, c)).tiles
@@ -269,12 +267,7 @@ def test_attention_backward_from_the_kept_statistics_equals_the_recomputing_one(
     q, k = (u.reshape(b, t, heads, hd).transpose(1, 2).double() for u in qkv.split(c, dim=1)[:2])
     if bf16:
         q, k = q.bfloat16().double(), k.bfloat16().double()
-    scores = q @ k.transpose(2, 3) * scale
-    bias = m.to(device).double().unsqueeze(1) if masked else \
-        torch.zeros(t, t, device=device, dtype=torch.double).masked_fill(
-            torch.ones(t, t, dtype=torch.bool, device=device).triu(1), float("-inf"))
-    lse = torch.logsumexp(scores + bias, -1)
-    torch.testing.assert_close(dense, lse, rtol=0, atol=1e-2 if bf16 else 1e-5)
+    torch.testing.assert_close(dense, softmax_logsumexp(q, k, scale, m), rtol=0, atol=1e-2 if bf16 else 1e-5)
 
 
 def test_embedding_matches_torch(device):
