@@ -2,9 +2,10 @@
 for a seed and for any tiling; output and gradient against a PyTorch reference with the same mask; nanoGPT and
 Hugging Face GPT-2 with attention dropout train in tiles. On CPUs the mask is nntile's hash of (seed, sequence, head,
 query, key), which `_C.attention_dropout_keep` gives; on GPUs the fused kernel drops with its Philox generator set
-from the seed and the tile's place (by default the memory-efficient kernel; cuDNN's or flash in bf16 where
-NNTILE_ATTENTION names it): float32 checked with the mask read off the output of an attention whose values are the
-identity (`kernel_keep`), bf16 against torch's own attention with dropout from the same generator state."""
+from the seed and the tile's place (the kernel torch's own attention picks, as without dropout: in float32 the
+memory-efficient one; NNTILE_ATTENTION names one in bf16): float32 checked with the mask read off the output of an
+attention whose values are the identity (`kernel_keep`), bf16 against torch's own attention with dropout from the
+same generator state."""
 import copy
 import importlib.util
 from pathlib import Path
@@ -218,8 +219,9 @@ KERNELS = pytest.mark.parametrize("attention_kernel", ["auto", "cudnn", "flash"]
 @KERNELS
 @pytest.mark.parametrize("rows", [64, 128], ids=["one seq per tile", "two seqs per tile"])
 def test_gpu_bf16_dropout_is_torchs_own_fused_attention_with_the_tiles_generator_state(rows, attention_kernel):
-    """bf16 on a GPU: dropout inside one fused kernel for every tile (by default the memory-efficient one; cuDNN's or
-    flash where NNTILE_ATTENTION names it); output and gradient equal torch's scaled_dot_product_attention with
+    """bf16 on a GPU: dropout inside one fused kernel for every tile (by default the one torch's own attention picks
+    for the tile's tensors with this dropout probability, torch._fused_sdp_choice; cuDNN's or flash where
+    NNTILE_ATTENTION names it); output and gradient equal torch's scaled_dot_product_attention with
     dropout through that kernel, tile by tile, from the generator state nntile sets for the tile (philox_of), to
     bf16's rounding, and far from it with another seed: the backward, from the forward's kept statistics, replays
     the forward's mask. The caller's CUDA random stream is left where it was."""
@@ -235,7 +237,11 @@ def test_gpu_bf16_dropout_is_torchs_own_fused_attention_with_the_tiles_generator
     forwards = attention_forwards()
     y, g = tiled(qkv, rows, heads, scale, p, seed, gy=gy, bf16=True)
     kernel = kernel_used(forwards, attention_forwards())
-    assert kernel == ("efficient" if attention_kernel == "auto" else attention_kernel), kernel
+    expected = attention_kernel
+    if attention_kernel == "auto":
+        choice = torch._fused_sdp_choice(*split_heads(qkv[:rows // t].bfloat16(), heads), None, p, True, scale=scale)
+        expected = {1: "flash", 3: "cudnn"}.get(choice, "efficient")
+    assert kernel == expected, kernel
     assert torch.equal(torch.cuda.get_rng_state(), before)  # nntile's launches put the generator back
     backend = getattr(SDPBackend, BACKENDS[kernel])
     per_tile = rows // t

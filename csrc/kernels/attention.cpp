@@ -88,9 +88,6 @@ int choose(const Where &w, const at::Tensor &q, const at::Tensor &k, const at::T
     if (!w.cuda) return kCpu;
     if (!causal || q.scalar_type() != at::kBFloat16) return kEfficient;
     int b = setting.load(std::memory_order_relaxed);
-    // Dropout: the memory-efficient kernel unless NNTILE_ATTENTION names cuDNN's or flash (their dropout, replayed
-    // from the kept statistics, waits for its CUDA tests to pass before torch's choice takes it by default).
-    if (dropout_p > 0.0f && b < 0) return kEfficient;
     if (b < 0) {
         // torch's choice for this geometry, asked once per process (its checks cost tens of microseconds of launch
         // time per tile): q's and k's sizes and strides, the device, the scale and the dropout probability say it
