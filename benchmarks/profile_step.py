@@ -4,6 +4,11 @@ time, count, top kernels by total time), so the gap between wall time and kernel
 
     python -m benchmarks.profile_step --config xl --batch 8 --seq 1024 [--batch-tile-size 8192] [--ncpus 1]
     python -m benchmarks.profile_step --model nanogpt --config xl      # a model family of benchmarks/models.py
+    python -m benchmarks.profile_step --config llama3-8b --batch 16     # beyond GPU memory: the memory plan's path
+
+The memory plan (nt.plan: the model built on meta, every tile placed before step 1) is used by default where the
+user needs it: on GPUs when AdamW's float32 state (16 bytes per parameter) exceeds the GPU's memory, as
+nt.convert's warning says (--plan on / off to choose).
 
 Prints a summary and writes it as JSON (--out). StarPU's own worker and bus statistics are printed at exit when
 STARPU_WORKER_STATS=1 / STARPU_BUS_STATS=1 are set (StarPU reads them at init).
@@ -35,6 +40,9 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.0, help="every dropout of the model (default 0)")
     ap.add_argument("--dropout-on", default="all", choices=["all", "attention"],
                     help="which dropouts --dropout sets: every one (default) or the attention's alone")
+    ap.add_argument("--plan", default="auto", choices=["auto", "on", "off"],
+                    help="the memory plan (nt.plan): auto (default) where AdamW's float32 state exceeds the GPU's "
+                    "memory, on, or off (nt.convert and nt.optim.AdamW with their defaults)")
     ap.add_argument("--no-profile", action="store_true", help="skip the torch.profiler step")
     ap.add_argument("--out", help="JSON summary")
     args = ap.parse_args()
@@ -43,28 +51,51 @@ def main():
     import nntile_torch as nt
     cuda = torch.cuda.is_available()
     out = {"args": vars(args)}
-    t = time.perf_counter()
-    nt.init(ncpus=args.ncpus, scheduler=args.scheduler)
-    out["init_s"] = time.perf_counter() - t
     shape = CONFIGS[args.config]
+    build = (args.model, args.config, args.seq, args.dropout, args.dropout_on)
+    plan = None
+    if args.plan != "off":
+        with torch.device("meta"):
+            shape_only = models.build(*build)
+        params = sum(p.numel() for p in {id(p): p for p in shape_only.parameters()}.values())
+        gpu = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory if cuda else 0
+        if args.plan == "on" or (cuda and 16 * params > gpu):
+            plan = nt.plan(shape_only, args.batch, args.seq, args.precision)
+            print(plan, flush=True)
+        del shape_only
+    out["planned"] = plan is not None
+    t = time.perf_counter()
+    if plan is not None:
+        plan.init(ncpus=args.ncpus, scheduler=args.scheduler)
+    else:
+        nt.init(ncpus=args.ncpus, scheduler=args.scheduler)
+    out["init_s"] = time.perf_counter() - t
     torch.manual_seed(0)
     dev = "cuda" if cuda else "cpu"
     t = time.perf_counter()
-    with torch.device(dev):
-        model = models.build(args.model, args.config, args.seq, args.dropout, args.dropout_on)
+    with torch.device("meta" if plan is not None else dev):  # planned: built module by module into tiles
+        model = models.build(*build)
     if cuda:
         torch.cuda.synchronize()
     out["build_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    tile = args.tile_size or max(1024, 3 * shape.hidden)
     rows = args.batch_tile_size or nt.config.rows_per_tile(args.batch, args.seq, cuda, nt.runtime.num_places())
-    model = nt.convert(model, precision=args.precision, tile_size=tile, batch_tile_size=rows)
+    if plan is not None:
+        from nntile_torch.convert import default_tile_size
+        models.real_buffers(args.model, model, dev)
+        model = nt.convert(model, precision=args.precision, tile_size=args.tile_size or default_tile_size(model, plan),
+                           batch_tile_size=rows, plan=plan, init=models.module_init(args.model, model),
+                           init_device=dev)
+    else:
+        tile = args.tile_size or max(1024, 3 * shape.hidden)
+        model = nt.convert(model, precision=args.precision, tile_size=tile, batch_tile_size=rows)
     nt.synchronize()
     out["convert_s"] = time.perf_counter() - t
     if cuda:
         torch.cuda.empty_cache()
     t = time.perf_counter()
-    opt = nt.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = plan.optimizer(model.parameters(), lr=1e-4) if plan is not None else nt.optim.AdamW(model.parameters(),
+                                                                                               lr=1e-4)
     out["optimizer_s"] = time.perf_counter() - t
     ids = torch.randint(0, shape.vocab, (args.batch, args.seq)).to(dev)
 

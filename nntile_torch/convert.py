@@ -330,6 +330,8 @@ def convert(model, precision=None, tile_size=None, batch_tile_size=None, init=No
         warnings.warn("nntile_torch.convert: these modules run as dense torch code: " + "; ".join(
             f"{n or '(model)'} ({t}: {why})" for n, t, why in report.dense) + " (nt.convert_report(model) says more)",
             stacklevel=2)
+    if plan is None:
+        _advise_plan(model, precision)
     # Converting leaves many long-lived Python objects (tiles, handles, modules). Python runs a full collection,
     # which scans every object, once enough of them have piled up since the last one: it came in the first training
     # steps, with the submitting thread stopped and the GPU idle (docs/measurements.md, "Garbage collection").
@@ -399,6 +401,32 @@ def _check_fits(model, swaps, tile_plan):
         f"of at least {format_bytes(disk + short)}; training needs more still (optimizer states, activations: "
         "nt.plan(model, batch, seq) says how much)", missing={"host": short},
         fixes=[{"host_memory": runtime.host_limit() + short}, {"disk_limit": disk + short}])
+
+
+def _advise_plan(model, precision):
+    """convert() without a memory plan, on GPUs: a warning when training the converted model with AdamW needs more
+    than the GPUs hold for its float32 weights, gradients and two moments alone (16 bytes per parameter, 2 more for
+    bf16 matmuls' weight copies). Without a plan StarPU then moves tiles to host RAM as the GPU fills, with no plan of
+    what to keep where: Llama 3 8B on an H100 ran 3.1 s per 4 x 1024-token step (64 TFLOP/s), and at 16 sequences
+    finished no step in 230 s (benchmarks/results/h100/llama3_8b_v1). nt.plan places the state ahead of time."""
+    import warnings
+    from .accounting import format_bytes, machine_capacity
+    cap = machine_capacity()
+    if not cap.gpus or not cap.gpu_bytes:
+        return
+    params = {id(p): p for p in model.parameters() if isinstance(p, TileTensor)}
+    count = sum(p.numel() for p in params.values())
+    need = count * (16 + (2 if precision == "bf16" else 0))
+    gpu = cap.gpu_bytes * cap.gpus
+    if need <= gpu:
+        return
+    warnings.warn(
+        f"nntile_torch.convert: training these {count:,} parameters with AdamW takes {format_bytes(need)} for the "
+        f"weights, gradients and moments alone, more than the GPU memory ({format_bytes(gpu)}). Without a memory "
+        "plan StarPU moves tiles to host RAM only as the GPU fills, which is slow and can stall. Plan it instead, "
+        "from the model as built (before convert): plan = nt.plan(model, batch, seq, precision); "
+        "model = plan.apply(model); "
+        "opt = plan.optimizer(model.parameters(), lr=...) (docs/memory_plan.md)", stacklevel=3)
 
 
 def _home_device(init_device):

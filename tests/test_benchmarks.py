@@ -1,5 +1,6 @@
 """Smoke tests: the benchmarks and the main-job example run end to end at a tiny size and write their results."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -198,3 +199,17 @@ def test_cpu_adamw_benchmark(tmp_path):
         assert ("torch fused", "fp32 (no copy)", threads) in got
     assert all(r["g_elements_s"] > 0 and r["gb_s"] > 0 for r in rows)
     assert json.load(open(tmp_path / "a.json")) == rows
+
+
+def test_profile_step_plans_where_asked_and_trains_either_way(tmp_path):
+    """benchmarks.profile_step: without a GPU, auto leaves the plan off (nothing outgrows a GPU); --plan on builds
+    the model on meta, places it with nt.plan and trains it through plan.apply and plan.optimizer (the path a model
+    beyond GPU memory takes); both give finite losses that fall over the steps, and the JSON says which path ran."""
+    for mode, planned in (("auto", False), ("on", True)):
+        out = run("benchmarks.profile_step", "--config", "llama-tiny", "--batch", "2", "--seq", "16", "--steps", "4",
+                  "--plan", mode, "--no-profile", "--out", f"{mode}.json", tmp_path=tmp_path)
+        d = json.loads((tmp_path / f"{mode}.json").read_text())
+        assert d["planned"] is planned, d
+        assert ("memory plan" in out.stdout) is planned  # print(plan)'s first line
+        losses = [s["loss"] for s in d["steps"]]
+        assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0], losses

@@ -524,3 +524,38 @@ def test_what_nntile_keeps_about_a_model_is_beside_it_and_goes_with_it():
     del model, opt, attn
     gc.collect()
     assert len(owners._MODULES) < n
+
+
+def test_convert_without_a_plan_warns_when_adamws_state_outgrows_the_gpus(monkeypatch):
+    """convert() without a memory plan says so, naming nt.plan, when AdamW's float32 weights, gradients and moments
+    of the converted parameters (16 bytes each, 18 with bf16 matmuls' weight copies) exceed the GPUs' memory, and
+    only then: checked on a pretend machine (the capacity reading replaced), at one byte under and at the bound, with
+    one GPU and two, and without a GPU."""
+    import warnings
+    from nntile_torch import accounting
+    from nntile_torch.tensor import TileTensor
+    machine = {}
+    monkeypatch.setattr(accounting, "machine_capacity",
+                        lambda disk_limit=None: accounting.Capacity(machine["gpu"], 2**34, 0, machine["gpus"], 1))
+
+    def advice(precision="fp32"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = nt.convert(gpt2("cpu", n_embd=48, n_head=4), tile_size=48, precision=precision)
+        said = [str(w.message) for w in caught if "memory plan" in str(w.message)]
+        count = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values() if isinstance(p, TileTensor))
+        return said, count
+
+    machine.update(gpu=2**40, gpus=1)
+    said, count = advice()
+    assert said == [] and count > 0
+    for gpus in (1, 2):
+        machine.update(gpu=16 * count // gpus - 1, gpus=gpus)
+        said, _ = advice()
+        assert len(said) == 1 and f"{count:,} parameters" in said[0] and "nt.plan(model, batch, seq" in said[0], said
+        machine.update(gpu=16 * count // gpus, gpus=gpus)
+        assert advice()[0] == []
+    machine.update(gpu=16 * count, gpus=1)
+    assert len(advice("bf16")[0]) == 1  # bf16 matmuls keep a bf16 copy of each weight too: 18 bytes
+    machine.update(gpu=0, gpus=0)  # no GPU: host RAM is the only node, nothing to advise
+    assert advice()[0] == []

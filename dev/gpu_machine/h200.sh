@@ -147,6 +147,8 @@ for step in "$@"; do
          # old side on its own StarPU when .carry/old_starpu holds one. AB_PROFILE: benchmarks.profile_step runs (joined
          # by ';', each optionally led by VAR=value settings, as profile's), each on both trees in turn, AB_ROUNDS
          # rounds (default 2), both sides from a fresh copy of the carried STARPU_HOME; without it benchmarks.linear.
+         # AB_NEW_BENCHMARKS=1: both sides run this tree's benchmarks/ (the same measuring script, e.g. profile_step's
+         # --plan that the old tree lacks; it must run on the old tree's nntile_torch)
       old_env=(STARPU_HOME=$PWD/.starpu_home_ab_old) new_env=(STARPU_HOME=$PWD/.starpu_home_ab_new)
       for h in .starpu_home_ab_old .starpu_home_ab_new; do
         rm -rf "$h" && mkdir -p "$h" && { [ ! -d .carry/starpu_home ] || cp -a .carry/starpu_home/. "$h/"; }
@@ -158,6 +160,8 @@ for step in "$@"; do
       fi
       echo "old: $(cat .carry/old/.ab_commit 2>/dev/null || echo '?') on StarPU $(env "${old_env[@]}" sh -c \
         'cat "${STARPU_PREFIX}/.nntile_build"'); new: $(cat .carry/code_commit 2>/dev/null || echo '?')" | tee "$OUT/ab.log"
+      if [ -n "${AB_NEW_BENCHMARKS:-}" ]; then rm -rf .carry/old/benchmarks && mkdir .carry/old/benchmarks \
+        && cp -a benchmarks/*.py .carry/old/benchmarks/; fi
       (cd .carry/old && env "${old_env[@]}" MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build_old.log" 2>&1) \
         || { echo "old build failed"; grep -m20 -B2 -A6 error "$OUT/build_old.log"; }
       if [ -n "${AB_PROFILE:-}" ]; then
