@@ -49,6 +49,7 @@ def main():
     args.model = args.model or default_model(args.config)
 
     import nntile_torch as nt
+    from nntile_torch.accounting import adamw_state_bytes, machine_capacity
     cuda = torch.cuda.is_available()
     out = {"args": vars(args)}
     shape = CONFIGS[args.config]
@@ -58,11 +59,10 @@ def main():
         with torch.device("meta"):
             shape_only = models.build(*build)
         params = sum(p.numel() for p in {id(p): p for p in shape_only.parameters()}.values())
-        gpu = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory if cuda else 0
-        if args.plan == "on" or (cuda and 16 * params > gpu):
+        cap = machine_capacity()  # what convert()'s warning compares against
+        if args.plan == "on" or (cuda and adamw_state_bytes(params, args.precision) > cap.gpu_bytes * cap.gpus):
             plan = nt.plan(shape_only, args.batch, args.seq, args.precision)
             print(plan, flush=True)
-        del shape_only
     out["planned"] = plan is not None
     t = time.perf_counter()
     if plan is not None:
@@ -73,8 +73,12 @@ def main():
     torch.manual_seed(0)
     dev = "cuda" if cuda else "cpu"
     t = time.perf_counter()
-    with torch.device("meta" if plan is not None else dev):  # planned: built module by module into tiles
-        model = models.build(*build)
+    if plan is not None:
+        model = shape_only  # on meta: convert builds it module by module into tiles
+    else:
+        with torch.device(dev):
+            model = models.build(*build)
+    shape_only = None
     if cuda:
         torch.cuda.synchronize()
     out["build_s"] = time.perf_counter() - t

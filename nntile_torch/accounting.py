@@ -56,6 +56,12 @@ def machine_capacity(disk_limit=None):
     return Capacity(gpu, host, disk_limit or 0, gpus, cpu_workers_beside_gpus() if gpus else (os.cpu_count() or 1))
 
 
+def adamw_state_bytes(params, precision):
+    """What training `params` parameters with AdamW needs at least: float32 weights, gradients and two moments (16
+    bytes each), 2 more for bf16 matmuls' weight copies. Above the GPUs' memory (machine_capacity), nt.plan is due:
+    convert()'s warning and benchmarks/profile_step's --plan auto both ask this."""
+    return params * (16 + (2 if precision == "bf16" else 0))
+
 
 def per_use_copies(precision, checkpointing, master_dtype):
     """Whether GPU-resident block weights can have their bf16 copies made per use (MemoryPlan.bf16_per_use): bf16

@@ -410,13 +410,13 @@ def _advise_plan(model, precision):
     what to keep where: Llama 3 8B on an H100 ran 3.1 s per 4 x 1024-token step (64 TFLOP/s), and at 16 sequences
     finished no step in 230 s (benchmarks/results/h100/llama3_8b_v1). nt.plan places the state ahead of time."""
     import warnings
-    from .accounting import format_bytes, machine_capacity
+    from .accounting import adamw_state_bytes, format_bytes, machine_capacity
     cap = machine_capacity()
     if not cap.gpus or not cap.gpu_bytes:
         return
     params = {id(p): p for p in model.parameters() if isinstance(p, TileTensor)}
     count = sum(p.numel() for p in params.values())
-    need = count * (16 + (2 if precision == "bf16" else 0))
+    need = adamw_state_bytes(count, precision)
     gpu = cap.gpu_bytes * cap.gpus
     if need <= gpu:
         return
