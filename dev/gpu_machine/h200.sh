@@ -2,7 +2,8 @@
 # Runs on the GPU machine (through the device tool): installs the StarPU prefix carried in .carry/starpu, builds
 # the extension against the machine's torch, then runs what is asked: tests, gputests, cpuadamw (the CPU AdamW
 # kernel), nodes (memory as StarPU sees it), gemm, submission, decode, linear, ab (benchmarks), train (main job), mlp,
-# profile, multigpu, bench (the harness, plans in BENCH_ARGS), generate (HF generate() tokens/s beside torch).
+# profile, multigpu, bench (the harness, plans in BENCH_ARGS), generate (HF generate() tokens/s beside torch), curves
+# (loss curves of every optimizer-state precision beside torch, CURVES_ARGS).
 # Logs go to $OUT.
 #   bash dev/gpu_machine/h200.sh tests gemm
 # STARPU_VERSION=1.4 runs the same steps on StarPU 1.4.10 (carried in .carry/starpu14) instead of 1.3.10: logs
@@ -248,6 +249,11 @@ print('async_io compatible:', b.is_compatible(verbose=True)); b.load()" >"$OUT/d
         if [ "$size" -le $(( ${INDUCTOR_TGZ_MAX_MB:-40} << 20 )) ]; then mv /tmp/inductor_cache.tgz "$OUT/"
         else echo "inductor cache $(( size >> 20 )) MB: not returned (over INDUCTOR_TGZ_MAX_MB=${INDUCTOR_TGZ_MAX_MB:-40})"; fi
       fi ;;
+    curves)  # loss curves of every optimizer-state precision beside torch (benchmarks/loss_curves.py); CURVES_ARGS: its
+             # arguments (default 2,000 steps in 480 s); records, summary and plot in $OUT/loss_curves
+      # shellcheck disable=SC2086  # a list of arguments
+      python3 -m benchmarks.loss_curves ${CURVES_ARGS:---steps 2000 --budget 480} --out "$OUT/loss_curves" 2>&1 \
+        | grep -v "^\[starpu\]" | tee "$OUT/loss_curves.log" | tail -14; rc=${PIPESTATUS[0]} ;;
     mlp) python3 -m nntile_torch.examples.mlp --steps 100 --out "$OUT/mlp" 2>&1 | tr '\r' '\n' | tail -3; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
