@@ -197,6 +197,38 @@ def _longer_warmup(r):
     return f" ({used} warm-up)" if used is not None and used > r.get("warmup", used) else ""
 
 
+PREDICTION_TOLERANCE = 0.15  # the plan's promise (docs/memory_plan.md): its step within 15% of the measured one
+
+
+def predictions(rows):
+    """(row, the plan's predicted step s, its rates' source) for every ok nntile row that ran under the memory plan
+    (the harness records the plan's summary with each attempt)."""
+    out = []
+    for r in rows:
+        plan = (r.get("env") or {}).get("plan") or {}
+        predicted = (plan.get("predicted") or {}).get("step_s")
+        if r["backend"] == "nntile" and r["status"] == "ok" and r.get("step_s") and predicted:
+            out.append((r, predicted, plan.get("rates")))
+    return sorted(out, key=lambda x: (model(x[0]), x[0]["params"], x[0]["batch"], variant(x[0])))
+
+
+def predictions_table(preds):
+    head = ("| model | config | batch x seq | variant | the plan's choice | predicted step s | measured step s "
+            "| measured / predicted | within 15% | rates |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r, predicted, rates in preds:
+        plan = r["env"]["plan"]
+        choice = (f"{plan.get('host_blocks', 0)}/{plan.get('blocks', '?')} host blocks, moments "
+                  f"{plan.get('state_dtype')}, master {plan.get('master_dtype')}"
+                  + (", checkpointing" if plan.get("checkpointing") else "")
+                  + (", updates in backward" if plan.get("step_in_backward") else ""))
+        ratio = r["step_s"] / predicted
+        ok = "yes" if abs(ratio - 1) <= PREDICTION_TOLERANCE else "**no**"
+        lines.append(f"| {model(r)} | {r['config']} {r['precision']} | {r['batch']} x {r['seq']} | {variant(r)} | "
+                     f"{choice} | {predicted:.3f} | {r['step_s']:.3f} | {ratio:.2f} | {ok} | {rates or 'not recorded'} |")
+    return "\n".join(lines)
+
+
 def capacity(records):
     """Per (model, backend, variant, precision, batch, seq): the largest ok config and the first failure above it."""
     groups = {}
@@ -467,6 +499,13 @@ def report(folder):
                throughput_table(rows), ""]
         if plot_throughput(rows, os.path.join(folder, "throughput.png")):
             md += ["![throughput](throughput.png)", ""]
+    preds = predictions(rows)
+    if preds:
+        md += ["## The memory plan's predicted step against the measured one", "",
+               ("Every nntile row that ran under `nt.plan` (the harness's default): the step time the plan predicted "
+                "for the placement it chose, beside the measured median step. The plan's promise is within 15% "
+                "(docs/memory_plan.md); rates: what it assumed of the machine (the H200's defaults, or measured on "
+                "this GPU model: nntile_torch/rates.py; older records did not say)."), "", predictions_table(preds), ""]
     if caps:
         md += ["## Capacity", "", capacity_table(caps), ""]
         compare = capacity_compare(caps)

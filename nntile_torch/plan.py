@@ -259,7 +259,7 @@ class MemoryPlan:
                 "tiers_bytes": {t: dict(c) for t, c in self.tiers.items()},
                 "capacity_bytes": {"gpu": self.capacity.gpu_bytes, "host": self.capacity.host_bytes,
                                    "disk": self.capacity.disk_bytes},
-                "traffic_bytes": dict(self.traffic), "predicted": dict(self.times),
+                "traffic_bytes": dict(self.traffic), "predicted": dict(self.times), "rates": self.rates.source,
                 "submission_window": self.submission_window}
 
     def __repr__(self):

@@ -795,3 +795,24 @@ def test_attention_dropout_alone_reaches_every_family_and_the_attempt_name():
     bad = subprocess.run([sys.executable, "-m", "benchmarks.run", "--dropout-on", "residual", "--dry-run"],
                          capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert bad.returncode == 2 and "--dropout-on" in bad.stderr
+
+
+def test_report_sets_the_plans_predicted_step_beside_the_measured_one():
+    """Each planned nntile row: the plan's predicted step, the measured one, their ratio and whether it is within the
+    plan's 15%; rows without a plan (peers, nntile by hand) and failed ones are left out."""
+    from benchmarks.report import predictions, predictions_table
+    plan = {"host_blocks": 2, "blocks": 48, "state_dtype": "bfloat16", "master_dtype": "float32",
+            "checkpointing": True, "step_in_backward": True, "predicted": {"step_s": 0.25}, "rates": "H200 defaults"}
+    base = {"mode": "throughput", "config": "xl", "params": 1557611200, "precision": "bf16", "gpus": 1, "batch": 8,
+            "seq": 1024, "status": "ok", "model": "hf", "variant": "plain", "backend": "nntile"}
+    rows = [dict(base, step_s=0.3, env={"plan": plan}),
+            dict(base, step_s=0.26, model="nanogpt", env={"plan": {**plan, "rates": None}}),
+            dict(base, step_s=0.3, backend="torch", env={}),
+            dict(base, step_s=0.3, variant="stepbwd", env={"plan": None}),
+            dict(base, step_s=None, status="error", model="hf-tanh", env={"plan": plan})]
+    preds = predictions(rows)
+    assert [(r["model"], p) for r, p, _ in preds] == [("hf", 0.25), ("nanogpt", 0.25)]
+    table = predictions_table(preds)
+    assert ("| hf | xl bf16 | 8 x 1024 | plain | 2/48 host blocks, moments bfloat16, master float32, checkpointing, "
+            "updates in backward | 0.250 | 0.300 | 1.20 | **no** | H200 defaults |") in table
+    assert "| 0.250 | 0.260 | 1.04 | yes | not recorded |" in table
