@@ -463,6 +463,25 @@ losses and, below, of each variant's difference to ref. Two fp32 runs that round
 """
 
 
+def recorded_command(argv, out):
+    """The command line as the records give it: --out as a path in the repository where it is one, else as a
+    placeholder (a folder of the machine that ran it, such as a GPU call's output folder, means nothing elsewhere)."""
+    words, i = list(argv), 0
+    while i < len(words):
+        if words[i] == "--out" and i + 1 < len(words):
+            words[i + 1] = _shown_out(out)
+            i += 1
+        elif words[i].startswith("--out="):
+            words[i] = "--out=" + _shown_out(out)
+        i += 1
+    return ("python -m benchmarks.loss_curves " + " ".join(words)).strip()
+
+
+def _shown_out(out):
+    rel = os.path.relpath(os.path.abspath(out), ROOT)
+    return rel if not rel.startswith("..") else "<output folder>"
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.worker:
@@ -495,8 +514,7 @@ def main(argv=None):
             left -= time.monotonic() - t0
     summarize(record["variants"])
     record["wall_s"] = time.monotonic() - started
-    command = "python -m benchmarks.loss_curves " + " ".join(argv if argv is not None else sys.argv[1:])
-    record["command"] = command.strip()
+    record["command"] = recorded_command(argv if argv is not None else sys.argv[1:], out)
     with open(os.path.join(out, "loss_curves.json"), "w") as f:
         json.dump(record, f, indent=1)
     with open(os.path.join(out, "summary.md"), "w") as f:

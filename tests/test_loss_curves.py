@@ -48,6 +48,7 @@ def test_record_has_its_fields_and_files(curves):
     summary = (out / "summary.md").read_text()
     assert "| ref |" in summary and "| fp32 |" in summary
     assert "python -m benchmarks.loss_curves" in (out / "README.md").read_text()
+    assert "--out <output folder>" in rec["command"] and str(out) not in (out / "README.md").read_text()
     assert (out / "loss_curves.png").stat().st_size > 1000
     assert summary.strip() in curves["stdout"]  # the table is printed last
     assert "[fp32] step 12/12" in curves["stdout"]  # progress lines, prefixed with the variant
@@ -90,3 +91,14 @@ def test_relative_difference_is_over_the_steps_both_reached():
     loss_curves.summarize(recs)
     assert recs["ref"]["final_loss"] == 2.0 and recs["q8"]["final_loss"] == pytest.approx(4.4)
     assert recs["q8"]["rel_diff_to_ref"] == pytest.approx(0.1) and recs["q8"]["compared_at"] == [50, 99]
+
+
+def test_the_recorded_command_names_an_output_folder_outside_the_repository_by_a_placeholder():
+    """A record carries no path of the machine that made it (a GPU call's output folder): --out shows as a path in
+    the repository where it is one, else as a placeholder; the other arguments as given."""
+    inside = os.path.join(ROOT, "benchmarks", "results", "x")
+    assert loss_curves.recorded_command(["--steps", "5", "--out", inside], inside) == \
+        "python -m benchmarks.loss_curves --steps 5 --out benchmarks/results/x"
+    assert loss_curves.recorded_command(["--out=/elsewhere/curves", "--budget", "9"], "/elsewhere/curves") == \
+        "python -m benchmarks.loss_curves --out=<output folder> --budget 9"
+    assert loss_curves.recorded_command([], "/elsewhere") == "python -m benchmarks.loss_curves"
