@@ -225,7 +225,8 @@ def predictions_table(preds):
         ratio = r["step_s"] / predicted
         ok = "yes" if abs(ratio - 1) <= PREDICTION_TOLERANCE else "**no**"
         lines.append(f"| {model(r)} | {r['config']} {r['precision']} | {r['batch']} x {r['seq']} | {variant(r)} | "
-                     f"{choice} | {predicted:.3f} | {r['step_s']:.3f} | {ratio:.2f} | {ok} | {rates or 'not recorded'} |")
+                     f"{choice} | {predicted:.3f} | {r['step_s']:.3f} | {ratio:.2f} | {ok} | "
+                     f"{rates or 'not recorded'} |")
     return "\n".join(lines)
 
 
