@@ -249,10 +249,11 @@ print('async_io compatible:', b.is_compatible(verbose=True)); b.load()" >"$OUT/d
         if [ "$size" -le $(( ${INDUCTOR_TGZ_MAX_MB:-40} << 20 )) ]; then mv /tmp/inductor_cache.tgz "$OUT/"
         else echo "inductor cache $(( size >> 20 )) MB: not returned (over INDUCTOR_TGZ_MAX_MB=${INDUCTOR_TGZ_MAX_MB:-40})"; fi
       fi ;;
-    curves)  # loss curves of every optimizer-state precision beside torch (benchmarks/loss_curves.py); CURVES_ARGS: its
-             # arguments (default 2,000 steps in 480 s); records, summary and plot in $OUT/loss_curves
+    curves)  # loss curves of every optimizer-state precision beside torch (benchmarks/loss_curves.py);
+             # CURVES_ARGS: its arguments (default 2,000 steps in 540 s: the fp32 variants run ~27 steps/s on an
+             # H100); records, summary and plot in $OUT/loss_curves
       # shellcheck disable=SC2086  # a list of arguments
-      python3 -m benchmarks.loss_curves ${CURVES_ARGS:---steps 2000 --budget 480} --out "$OUT/loss_curves" 2>&1 \
+      python3 -m benchmarks.loss_curves ${CURVES_ARGS:---steps 2000 --budget 540} --out "$OUT/loss_curves" 2>&1 \
         | grep -v "^\[starpu\]" | tee "$OUT/loss_curves.log" | tail -14; rc=${PIPESTATUS[0]} ;;
     mlp) python3 -m nntile_torch.examples.mlp --steps 100 --out "$OUT/mlp" 2>&1 | tr '\r' '\n' | tail -3; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown step $step"; rc=2 ;;
