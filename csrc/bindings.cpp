@@ -260,16 +260,16 @@ PYBIND11_MODULE(_C, m) {
         "gemm",
         [](bool ta, TileTensor &a, bool tb, TileTensor &b, TileTensor &c, float alpha, float beta,
            const std::string &precision, bool k_over_places, TileTensor *bias, TileTensor *a_source,
-           TileTensor *bias_grad, const std::string &bias_grad_of) {
+           TileTensor *bias_grad, const std::string &bias_grad_of, TileTensor *residual) {
             NNTILE_CHECK(bias_grad_of == "a" || bias_grad_of == "b",
                          "gemm: bias_grad_of must be 'a' or 'b' (got '" << bias_grad_of << "')");
             ops::gemm(ta, a, tb, b, c, alpha, beta, parse_precision(precision), k_over_places, bias, a_source,
-                      bias_grad, bias_grad_of == "b");
+                      bias_grad, bias_grad_of == "b", residual);
         },
         nogil, py::arg("trans_a"), py::arg("a"), py::arg("trans_b"), py::arg("b"), py::arg("c"),
         py::arg("alpha") = 1.f, py::arg("beta") = 0.f, py::arg("precision") = "fp32", py::arg("k_over_places") = false,
         py::arg("bias") = nullptr, py::arg("a_source") = nullptr, py::arg("bias_grad") = nullptr,
-        py::arg("bias_grad_of") = "a");
+        py::arg("bias_grad_of") = "a", py::arg("residual") = nullptr);
     m.def("bias_grad", &ops::bias_grad, nogil, py::arg("dy"), py::arg("db"), py::arg("beta") = 0.f);
     m.def("add", &ops::add, nogil, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"));
     m.def("add_into", &ops::add_into, nogil, py::arg("alpha"), py::arg("x"), py::arg("beta"), py::arg("y"),

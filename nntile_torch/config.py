@@ -65,7 +65,9 @@ def check_tile(value, name):
     return value
 
 
-FUSIONS = ("bias_grad", "bf16_outputs")  # docs/fusion.md: the dW GEMM's bias gradient; pending bf16 producers
+# docs/fusion.md: the dW GEMM's bias gradient; pending bf16 producers; a Linear's GEMM adding the residual its
+# output joins
+FUSIONS = ("bias_grad", "bf16_outputs", "residual")
 # The fusions on by default: those measured faster on GPT-2 XL (benchmarks/results/h100/fusion_v1: bias_grad +6%
 # on HF, +19% on nanoGPT; bf16_outputs on top of it -9% and -15% there, a wash with the one-pass bf16 GELU in
 # h100/ab_5cadbed_v1: 0.96x HF's step time, 1.01x nanoGPT's).

@@ -207,10 +207,24 @@ class LinearFunction(torch.autograd.Function):
             (x2, source), wc, mode = _bf16_input(x2, apart), state.weight_bf16(), "fp32"
         else:
             wc, mode = wt, precision
-        y = new_tiles([m, n], [x2.tile_shape[0], wt.tile_shape[n_dim]], name="linear.y")
-        # the bias is added by the GEMM (cuBLASLt's epilogue on GPUs)
-        _C.gemm(False, x2, not w_in_out, wc, y, 1.0, 0.0, mode, bias=None if bias is None else bias.tiles,
-                a_source=source)
+        y_tiles = [x2.tile_shape[0], wt.tile_shape[n_dim]]
+        y = new_tiles([m, n], y_tiles, name="linear.y")
+        bt, w_read = None if bias is None else bias.tiles, wc
+
+        # the bias is added by the GEMM (cuBLASLt's epilogue on GPUs); never refers to y (PENDING holds it weakly)
+        def submit(into, first=True, residual=None):
+            into = new_tiles([m, n], y_tiles) if into is None else into  # y died before x2 was read
+            _C.gemm(False, x2, not w_in_out, w_read, into, 1.0, 0.0, mode, bias=bt, a_source=source,
+                    residual=residual)
+
+        if pending.candidate(not isinstance(ctx, _NoGradContext), "residual"):
+            # a residual add reading y has this GEMM write the sum instead (docs/fusion.md, pair 3); the bf16 x2
+            # the GEMM casts (a_source), which backward reads, is a side output: reading it submits the GEMM
+            read = tuple(t for t in (x2 if source is None else source, w_read, bt) if t is not None)
+            pending.defer(submit, y, () if source is None else (x2,), read,
+                          with_residual=lambda into, residual: submit(into, residual=residual))
+        else:
+            submit(y)
         if per_use:  # a copy made for this use: kept as an activation (checkpointing recomputes it)
             keep(ctx, x.device, x2, wc)
             wc = None

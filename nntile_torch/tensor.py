@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_map
 
 from . import _C
 from .owners import PENDING
-from .pending import flush, flush_all
+from .pending import flush, flush_all, fusable_with_residual, fuse_residual
 from .runtime import ensure_init
 
 aten = torch.ops.aten
@@ -418,7 +418,26 @@ def _block_operand(big, small):
     return st
 
 
+def _fused_residual(a, b):
+    """a + b written by the pending GEMM of a Linear's output among them, reading the other as the residual
+    (docs/fusion.md, pair 3), or None: both float32 TileTensors of one shape, tiling and device."""
+    if not (plain(a) and plain(b)) or a.device != b.device or a.shape != b.shape:
+        return None
+    for y, residual in ((a, b), (b, a)):
+        yt, rt = y._raw, residual._raw
+        if yt is rt or dtype_of(yt) != torch.float32 or dtype_of(rt) != torch.float32 \
+                or list(yt.shape) != list(rt.shape) or list(yt.tile_shape) != list(rt.tile_shape):
+            continue
+        if fusable_with_residual(yt):  # before reading the other's tiles, which may be a pending GEMM's too
+            return _like(y, fuse_residual(yt, residual._tiles, lambda: _empty_tiles_like(rt)))
+    return None
+
+
 def add_tiles(self, other, alpha=1):
+    if alpha == 1 and PENDING.data and isinstance(self, TileTensor) and isinstance(other, TileTensor):
+        fused = _fused_residual(self, other)
+        if fused is not None:
+            return fused
     if alpha == 1:  # a tiled operand broadcast over the other's leading dims (GPT-2's position embedding)
         for big, small in ((self, other), (other, self)):
             st = _block_operand(big, small)

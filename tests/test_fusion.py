@@ -1,6 +1,7 @@
 """Pending producers fused into bf16 Linears (docs/fusion.md): LayerNorm -> Linear, GELU -> Linear, GELU's backward
--> the fc Linear's backward. Fused equals unfused (NNTILE_FUSION=0) bit for bit on the CPU; anything else reading a
-pending tensor gets its fp32 values; no host wait; the casts' tasks go."""
+-> the fc Linear's backward; and a Linear's pending GEMM fused with the residual add that reads its output. Fused
+equals unfused (NNTILE_FUSION=0) bit for bit on the CPU; anything else reading a pending tensor gets its fp32 values;
+no host wait; the casts' and the adds' tasks go."""
 import pytest
 import torch
 
@@ -201,7 +202,7 @@ def test_converted_gpt2_fused_equals_unfused(monkeypatch):
     """A converted Hugging Face GPT-2 in bf16, one forward and backward: the same loss and gradients bit for bit
     with the bf16 outputs fused and not, as many host waits, and the casts of LayerNorm's and GELU's outputs gone
     from the GEMMs (ln_1 -> c_attn, ln_2 -> c_fc, GELU -> c_proj per block, ln_f -> lm_head). Every fusion on: the
-    same loss and waits, no bias_grad task left and nothing else added."""
+    same loss and waits, no bias_grad task left, the residual adds inside c_proj's GEMMs, nothing else added."""
     transformers = pytest.importorskip("transformers", reason="transformers is installed by scripts/setup.sh")
     cfg = transformers.GPT2Config(n_layer=2, n_embd=96, n_head=6, vocab_size=1000, n_positions=64, resid_pdrop=0.0,
                                   embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
@@ -226,7 +227,10 @@ def test_converted_gpt2_fused_equals_unfused(monkeypatch):
     every, names_every, waits_every = run(True)  # with the bias gradients in the dW GEMMs too
     assert waits_every == waits_unfused and torch.equal(every[0], unfused[0])  # the same forward
     assert "bias_grad" not in names_every and names_unfused.count("bias_grad") > 0
-    assert len(names_every) == len(names_unfused) - names_unfused.count("bias_grad")
+    # the residual adds (two per block, 3 row tiles each) are written by c_proj's GEMMs
+    assert sum(n.endswith("+residual") for n in names_every) == 2 * 2 * 3
+    assert names_unfused.count("add_into") - names_every.count("add_into") == 2 * 2 * 3
+    assert len(names_every) == len(names_unfused) - names_unfused.count("bias_grad") - 2 * 2 * 3
     assert waits_fused == waits_unfused
     assert_same(fused, unfused, "cpu")
     # 3 row tiles of 37 rows; a cast per A tile: ln_1 -> c_attn 3, ln_2 -> c_fc 3, GELU -> c_proj 3 x 2 (K = 384
@@ -235,3 +239,130 @@ def test_converted_gpt2_fused_equals_unfused(monkeypatch):
     assert casts[1] - casts[0] == 2 * (3 + 3 + 6) + 3, casts
     assert len(names_fused) == len(names_unfused)
     assert not PENDING
+
+
+def residual_step(device, fusion, monkeypatch, precision="bf16", bias=True, y_first=True, k=4 * C):
+    """h = x + Linear(k, C)(u) (or Linear(u) + x, y_first), then h's sum of squares backward: h, the gradients of
+    x, u and the Linear's parameters (dense), the task names and the host waits."""
+    monkeypatch.setenv("NNTILE_FUSION", fusion)
+    torch.manual_seed(0)
+    proj = nt.nn.Linear(k, C, bias=bias, tile_size=TILE, batch_tile_size=ROWS, precision=precision, device=device)
+    g = torch.Generator().manual_seed(2)
+    x = nt.TileTensor.from_dense(torch.randn(3, 37, C, generator=g).to(device), tile_shape=(ROWS, TILE),
+                                 tiled_shape=(111, C)).requires_grad_(True)
+    u = torch.randn(3, 37, k, generator=g).to(device).requires_grad_(True)
+    params = list(proj.parameters())
+    nt.synchronize()
+    waits = nt.stats()["blocking_waits"]
+    with nt.task_trace() as trace:
+        y = proj(u)
+        h = y + x if y_first else x + y
+        del y
+        grads = torch.autograd.grad(h, [x, u, *params], h.detach())
+        waits = nt.stats()["blocking_waits"] - waits
+        out = [dense(h)] + [dense(t) for t in grads]
+    return out, [t["name"] for t in trace], waits
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("y_first", [True, False], ids=["y+x", "x+y"])
+@pytest.mark.parametrize("k", [4 * C, 50], ids=["K_in_3_tiles", "K_in_1_tile"])
+def test_residual_add_fused_into_the_gemm(device, monkeypatch, precision, bias, y_first, k):
+    """Pair 3 (docs/fusion.md): a Linear's output added to the residual stream is written by the Linear's GEMM
+    reading the residual (the K chain's last task adds it): the add's tasks go (one per tile: 7 row tiles), the
+    GEMM tasks that finish C carry '+residual', and the values and gradients are the unfused ones (bit for bit on
+    the CPU, where the task adds after the GEMM; on GPUs cuBLASLt's epilogue rounds once)."""
+    fused, names, waits = residual_step(device, "residual", monkeypatch, precision, bias, y_first, k)
+    unfused, names_unfused, _ = residual_step(device, "0", monkeypatch, precision, bias, y_first, k)
+    assert waits == 0
+    assert_same(fused, unfused, device)
+    assert names_unfused.count("add_into") - names.count("add_into") == 7
+    assert sum(n.endswith("+residual") for n in names) == 7, names
+    assert len(names) == len(names_unfused) - 7
+    assert not any(n.endswith("+residual") for n in names_unfused)
+    assert not PENDING
+
+
+def test_a_linear_output_read_after_its_fused_add(device, monkeypatch):
+    """The Linear's own output, read after the add that fused with its GEMM (and by a second add), holds the
+    unfused values: the GEMM is submitted again, without the residual."""
+    def run(fusion):
+        monkeypatch.setenv("NNTILE_FUSION", fusion)
+        torch.manual_seed(0)
+        proj = nt.nn.Linear(2 * C, C, tile_size=TILE, batch_tile_size=ROWS, device=device)
+        g = torch.Generator().manual_seed(3)
+        u = torch.randn(111, 2 * C, generator=g).to(device).requires_grad_(True)
+        x = nt.TileTensor.from_dense(torch.randn(111, C, generator=g).to(device), tile_shape=(ROWS, TILE))
+        y = proj(u)
+        h = x + y
+        h2 = y + h  # y again: not pending for this add
+        return [dense(h), dense(y), dense(h2)]
+
+    fused, unfused = run("residual"), run("0")
+    assert_same(fused, unfused, device)
+    assert not PENDING
+
+
+def test_a_fused_gemm_leaves_nothing_owed_once_its_output_dies(monkeypatch):
+    """After the add fused with it, a GEMM owes only its own output's values (its cast input is written): the output
+    dying takes it along, and the next flush submits nothing. Unfused, a pending GEMM's cast input (read by
+    backward) submits it when read."""
+    monkeypatch.setenv("NNTILE_FUSION", "1")
+    proj = nt.nn.Linear(2 * C, C, tile_size=TILE, batch_tile_size=ROWS, precision="bf16")
+    u = torch.randn(111, 2 * C, requires_grad=True)
+    x = nt.TileTensor.from_dense(torch.randn(111, C), tile_shape=(ROWS, TILE))
+    proj(u) + x  # the weight's bf16 copy
+    nt.synchronize()
+    with nt.task_trace() as trace:
+        y = proj(u)
+        h = y + x
+        assert len(PENDING) == 1
+        del y
+        assert not PENDING
+        nt.synchronize()
+    names = [t["name"] for t in trace]  # 7 row tiles, K in 2 tiles: the first adds the bias, the last the residual
+    assert len(names) == 14 and names.count("cast+gemm+bias") == 7 and names.count("cast+gemm+residual") == 7, names
+    y = proj(u)
+    (gu,) = torch.autograd.grad(y, [u], torch.ones(111, C))  # reads the cast input: the GEMM runs first
+    ref = torch.ones(111, C) @ proj.weight.materialize().bfloat16().float()
+    torch.testing.assert_close(dense(gu), ref, rtol=1e-2, atol=1e-2)
+    del h
+
+
+def test_linear_into_bf16_linear_with_pending_gemms(device, monkeypatch):
+    """A Linear's pending GEMM is not a bf16 producer (its bias needs fp32 tiles): a bf16 Linear reading another's
+    output directly flushes it and casts, as unfused."""
+    def run(fusion):
+        monkeypatch.setenv("NNTILE_FUSION", fusion)
+        torch.manual_seed(0)
+        a = nt.nn.Linear(C, 2 * C, tile_size=TILE, batch_tile_size=ROWS, precision="bf16", device=device)
+        b = nt.nn.Linear(2 * C, C, tile_size=TILE, batch_tile_size=ROWS, precision="bf16", device=device)
+        u = torch.randn(111, C, generator=torch.Generator().manual_seed(4)).to(device).requires_grad_(True)
+        h = b(a(u))
+        grads = torch.autograd.grad(h, [u, *a.parameters(), *b.parameters()], h.detach())
+        return [dense(h)] + [dense(t) for t in grads]
+
+    assert_same(run("1"), run("bias_grad,bf16_outputs"), device)  # every fusion against all but the residual's
+    assert not PENDING
+
+
+def test_gemm_residual_errors():
+    """The tile op names what is wrong with a residual."""
+    from nntile_torch import _C
+    nt.init()
+    a, b = nt.TileTensor.new_tiles([8, 4], [4, 4]), nt.TileTensor.new_tiles([4, 6], [4, 3])
+    c = nt.TileTensor.new_tiles([8, 6], [4, 3])
+    for t in (a, b):
+        t.from_dense(torch.ones(*t.shape))
+    with pytest.raises(RuntimeError, match="residual must have C's shape and tiles"):
+        _C.gemm(False, a, False, b, c, residual=nt.TileTensor.new_tiles([8, 6], [4, 6]))
+    with pytest.raises(RuntimeError, match="residual cannot be C itself"):
+        _C.gemm(False, a, False, b, c, residual=c)
+    with pytest.raises(RuntimeError, match="forward GEMM only"):
+        _C.gemm(True, a, False, c, nt.TileTensor.new_tiles([4, 6], [4, 3]), k_over_places=True,
+                residual=nt.TileTensor.new_tiles([4, 6], [4, 3]))
+    r = nt.TileTensor.new_tiles([8, 6], [4, 3])
+    r.from_dense(torch.full((8, 6), 0.5))
+    _C.gemm(False, a, False, b, c, residual=r)
+    assert torch.equal(c.to_dense(), torch.full((8, 6), 4.5))

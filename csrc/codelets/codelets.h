@@ -20,7 +20,7 @@ void submit_gemm(const kernels::GemmShape &s, Precision precision, DType ta, sta
                  starpu_data_handle_t b, DType tc, starpu_data_handle_t c, int priority = 0,
                  starpu_data_handle_t bias = nullptr, starpu_data_handle_t a_source = nullptr,
                  int64_t a_elements = 0, starpu_data_handle_t bias_grad = nullptr, bool bias_grad_of_b = false,
-                 float bias_grad_beta = 0.f);
+                 float bias_grad_beta = 0.f, starpu_data_handle_t residual = nullptr);
 // db = beta * db + column sums of dy (m, n).
 void submit_bias_grad(int64_t m, int64_t n, starpu_data_handle_t dy, float beta, starpu_data_handle_t db);
 // y = alpha x + beta y over n values (y only written when beta == 0).

@@ -1,4 +1,5 @@
 // CPU tile GEMM through ATen's BLAS (MKL or OpenBLAS), on the calling worker's thread only.
+#include "add.h"
 #include "bias.h"
 #include "gemm.h"
 
@@ -9,7 +10,9 @@ namespace nntile::kernels {
 static at::ScalarType scalar_type(DType t) { return t == DType::f32 ? at::kFloat : at::kBFloat16; }
 
 void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void *b, DType tc, void *c,
-              Precision precision, const float *bias, const GemmBiasGrad &bias_grad) {
+              Precision precision, const float *bias, const GemmBiasGrad &bias_grad, const float *residual) {
+    NNTILE_CHECK(!residual || (tc == DType::f32 && !bias_grad.out),
+                 "gemm_cpu: a residual needs a float32 C and no bias gradient");
     auto opts = [](DType t) { return at::TensorOptions().dtype(scalar_type(t)).device(at::kCPU); };
     at::Tensor A = s.trans_a ? at::from_blob(const_cast<void *>(a), {s.k, s.m}, opts(ta)).t()
                              : at::from_blob(const_cast<void *>(a), {s.m, s.k}, opts(ta));
@@ -29,6 +32,7 @@ void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void 
     if (bias_grad.out)  // dy's stored tile is (k, m or n)
         bias_grad_bf16(Where{}, s.k, bias_grad.of_b ? s.n : s.m, bias_grad.of_b ? b : a, bias_grad.accumulate,
                        bias_grad.out);
+    if (residual) add_cpu(s.m * s.n, 1.f, residual, 1.f, static_cast<float *>(c));
 }
 
 }  // namespace nntile::kernels

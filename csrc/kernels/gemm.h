@@ -28,14 +28,19 @@ struct GemmBiasGrad {
     bool accumulate = false;
 };
 
+// `residual` (m x n fp32 values, or nullptr) is added to C last: C = alpha op(A) op(B) + beta C + bias + residual,
+// a Linear's output and the residual stream it joins in one task (docs/fusion.md, pair 3). On CPUs the same add
+// after the GEMM (the bits of a GEMM task and an add task); on GPUs cuBLASLt's C input with beta 1 where C is the
+// whole sum (beta 0), else an add after the GEMM on the same stream.
 void gemm_cpu(const GemmShape &s, DType ta, const void *a, DType tb, const void *b, DType tc, void *c,
-              Precision precision, const float *bias = nullptr, const GemmBiasGrad &bias_grad = {});
+              Precision precision, const float *bias = nullptr, const GemmBiasGrad &bias_grad = {},
+              const float *residual = nullptr);
 
 #ifdef NNTILE_USE_CUDA
 // Runs on the stream already set on `handle` (`stream`: the same one, for cuBLASLt, which the bias needs).
 void gemm_cuda(cublasHandle_t handle, cudaStream_t stream, const GemmShape &s, DType ta, const void *a, DType tb,
                const void *b, DType tc, void *c, Precision precision, const float *bias = nullptr,
-               const GemmBiasGrad &bias_grad = {});
+               const GemmBiasGrad &bias_grad = {}, const float *residual = nullptr);
 #endif
 
 }  // namespace nntile::kernels

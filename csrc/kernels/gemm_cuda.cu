@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -91,13 +92,15 @@ int alignment(const void *p) {
     return a;
 }
 
-// epilogue: CUBLASLT_EPILOGUE_BIAS (the bias pointer is set per call), or BGRADA / BGRADB with the bias gradient
-// vector `vec`, whose alignment the heuristic reads from the pointer set on the descriptor.
+// epilogue: CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS (the bias pointer is set per call), or BGRADA / BGRADB
+// with the bias gradient vector `vec`, whose alignment the heuristic reads from the pointer set on the descriptor.
+// c_in: the matmul's C input where it is not D (a residual), whose alignment the plan must hold too.
 const LtPlan &lt_plan(LtThread &t, const GemmShape &s, DType ta, const void *a, DType tb, const void *b, DType tc,
                       const void *c, cublasComputeType_t compute, cublasLtEpilogue_t epilogue,
-                      const void *vec = nullptr) {
+                      const void *vec = nullptr, const void *c_in = nullptr) {
     // cuBLAS's A is our b, its B our a
-    int align_a = alignment(b), align_b = alignment(a), align_c = alignment(c), align_vec = vec ? alignment(vec) : 0;
+    int align_a = alignment(b), align_b = alignment(a), align_vec = vec ? alignment(vec) : 0;
+    int align_c = c_in ? std::min(alignment(c), alignment(c_in)) : alignment(c);
     auto key = std::make_tuple(s.m, s.n, s.k, s.trans_a, s.trans_b, (int)ta, (int)tb, (int)tc, (int)compute, align_a,
                                align_b, align_c, (int)epilogue, align_vec);
     auto it = t.plans.find(key);
@@ -110,7 +113,7 @@ const LtPlan &lt_plan(LtThread &t, const GemmShape &s, DType ta, const void *a, 
     NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     // the vector (bias or bias gradient) is float32, C's and D's type: the default for a bias, set for a gradient
     NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
-    if (epilogue != CUBLASLT_EPILOGUE_BIAS) {
+    if (epilogue == CUBLASLT_EPILOGUE_BGRADA || epilogue == CUBLASLT_EPILOGUE_BGRADB) {
         int32_t vec_type = CUDA_R_32F;
         NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &vec_type,
                                                        sizeof(vec_type)));
@@ -213,10 +216,39 @@ void gemm_bias_grad_cuda(cublasHandle_t handle, cudaStream_t stream, const GemmS
 
 }  // namespace
 
+namespace {
+
+// C = alpha op(A) op(B) + bias + residual with C's old values unread (beta 0): cuBLASLt reads the residual as its C
+// input with beta 1 and writes D = our C, the bias (if any) in the same epilogue. False where it has no algorithm.
+bool gemm_residual_lt(cudaStream_t stream, const GemmShape &s, DType ta, const void *a, DType tb, const void *b,
+                      DType tc, void *c, cublasComputeType_t compute, const float *bias, const float *residual) {
+    if (bias && alignment(bias) < 16) return false;
+    LtThread &t = lt_thread(s);
+    const LtPlan &p = lt_plan(t, s, ta, a, tb, b, tc, c, compute,
+                              bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT, nullptr, residual);
+    if (!p.ok) return false;
+    if (bias)
+        NNTILE_LT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    const float one = 1.f;
+    NNTILE_LT_CHECK(cublasLtMatmul(t.handle, p.desc, &s.alpha, b, p.a, a, p.b, &one, residual, p.c, c, p.c, &p.algo,
+                                   t.workspace, kLtWorkspaceBytes, stream));
+    return true;
+}
+
+}  // namespace
+
 void gemm_cuda(cublasHandle_t handle, cudaStream_t stream, const GemmShape &s, DType ta, const void *a, DType tb,
                const void *b, DType tc, void *c, Precision precision, const float *bias,
-               const GemmBiasGrad &bias_grad) {
+               const GemmBiasGrad &bias_grad, const float *residual) {
     cublasComputeType_t compute = compute_type(ta, tb, precision);
+    if (residual) {
+        NNTILE_CHECK(tc == DType::f32 && !bias_grad.out, "gemm_cuda: a residual needs a float32 C and no bias gradient");
+        if (s.beta == 0.f && gemm_residual_lt(stream, s, ta, a, tb, b, tc, c, compute, bias, residual)) return;
+        // C holds a partial sum (the K chain's last task), or no algorithm: the GEMM, then the add on its stream
+        gemm_cuda(handle, stream, s, ta, a, tb, b, tc, c, precision, bias);
+        add_cuda(stream, s.m * s.n, 1.f, residual, 1.f, static_cast<float *>(c));
+        return;
+    }
     if (bias_grad.out) {
         NNTILE_CHECK(!bias, "gemm_cuda: a bias and a bias gradient in one GEMM");
         NNTILE_CHECK((bias_grad.of_b ? tb : ta) == DType::bf16 && (bias_grad.of_b ? !s.trans_b : s.trans_a) &&

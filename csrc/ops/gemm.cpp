@@ -18,7 +18,7 @@ std::pair<int64_t, int64_t> op_dim(const TileTensor &x, bool trans, int which) {
 
 void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &c, float alpha, float beta,
           Precision precision, bool k_over_places, TileTensor *bias, TileTensor *a_source, TileTensor *bias_grad,
-          bool bias_grad_of_b) {
+          bool bias_grad_of_b, TileTensor *residual) {
     NNTILE_CHECK(a.ndim() == 2 && b.ndim() == 2 && c.ndim() == 2,
                  "gemm takes 2-d tile tensors (got " << a.ndim() << ", " << b.ndim() << ", " << c.ndim() << " dims)");
     NNTILE_CHECK(a.dtype() != DType::i64 && b.dtype() != DType::i64 && c.dtype() != DType::i64,
@@ -70,6 +70,17 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
                                                         << ",) in tiles of "
                                                         << (bias_grad->ndim() ? bias_grad->tile_shape()[0] : 0) << ")");
     }
+    if (residual) {
+        NNTILE_CHECK(!k_over_places && !bias_grad,
+                     "gemm: a residual is added by a forward GEMM only (not with k_over_places or a bias gradient)");
+        NNTILE_CHECK(residual->dtype() == DType::f32 && c.dtype() == DType::f32,
+                     "gemm: a residual needs float32 residual and C tiles (got " << dtype_name(residual->dtype())
+                                                                                 << " and " << dtype_name(c.dtype())
+                                                                                 << ")");
+        NNTILE_CHECK(residual->shape() == c.shape() && residual->tile_shape() == c.tile_shape(),
+                     "gemm: the residual must have C's shape and tiles");
+        NNTILE_CHECK(residual->handle(0) != c.handle(0), "gemm: the residual cannot be C itself");
+    }
     // The bias gradient's tile of C's tile (i, j): dy's column tile i (A) or j (B), summed over K by the tasks of
     // one C tile per dy column tile (j == 0, or i == 0), so that each dy tile is summed once.
     auto carries_bias_grad = [&](int64_t i, int64_t j) { return bias_grad && (bias_grad_of_b ? i == 0 : j == 0); };
@@ -102,8 +113,10 @@ void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &
             hsrc = a_source->handle2(ra, ca);
             a_elements = a.tile_extent(0, ra) * a.tile_extent(1, ca);
         }
+        // the residual goes with the task that finishes C's tile (the K chain's last), so it is added once, last
+        starpu_data_handle_t hres = residual && k == gk - 1 ? residual->handle2(i, j) : nullptr;
         codelets::submit_gemm(s, precision, a.dtype(), ha, b.dtype(), hb, tc, hc, 0, hbias, hsrc, a_elements, hbg,
-                              bias_grad_of_b, bg_beta);
+                              bias_grad_of_b, bg_beta, hres);
     };
     int64_t places = placement_count();
     if (!k_over_places || places == 1 || gk == 1) {

@@ -19,9 +19,12 @@ inline int64_t row_of(const TileTensor &x, int64_t t) { return x.ndim() == 0 ? 0
 // bias_grad (float32, tiled as dy's columns): written with the column sums of dy, the GEMM's bfloat16 input A
 // (trans_a, so its K runs down the columns) or, bias_grad_of_b, B (not trans_b), summed in fp32 by the GEMM tasks
 // themselves (a Linear's dW GEMM: on GPUs cuBLASLt's bias-gradient epilogue); split over places as C is.
+// residual (float32, C's shape and tiles, not C): added to C by the task that finishes each C tile (C = op(A) op(B)
+// + bias + residual: a Linear's output joining the residual stream, docs/fusion.md pair 3), not with k_over_places.
 void gemm(bool trans_a, TileTensor &a, bool trans_b, TileTensor &b, TileTensor &c, float alpha, float beta,
           Precision precision, bool k_over_places = false, TileTensor *bias = nullptr,
-          TileTensor *a_source = nullptr, TileTensor *bias_grad = nullptr, bool bias_grad_of_b = false);
+          TileTensor *a_source = nullptr, TileTensor *bias_grad = nullptr, bool bias_grad_of_b = false,
+          TileTensor *residual = nullptr);
 // db = beta * db + sum over rows of dy (M, N).
 void bias_grad(TileTensor &dy, TileTensor &db, float beta);
 // y = alpha x + beta y, tile by tile (same tiling).
