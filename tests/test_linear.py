@@ -380,11 +380,12 @@ def test_bf16_linear_fuses_its_bias_grad_into_the_dw_gemm(layout, monkeypatch, d
 
 
 def test_the_fusion_switch_reads_all_none_or_a_list_and_names_a_wrong_one(monkeypatch):
-    """NNTILE_FUSION: unset the default fusions (the bias gradient in the dW GEMM, not the bf16 outputs, measured
-    slower), 1 all, 0 none, a comma list those only; a misspelt name is an error, not a measurement of the unfused
+    """NNTILE_FUSION: unset the default fusions (the bias gradient in the dW GEMM; not the bf16 outputs, measured
+    slower, nor the residual add in the GEMM, measured within the spread), 1 all, 0 none, a comma list those only; a misspelt name is an error, not a measurement of the unfused
     graph under the fused graph's name."""
     from nntile_torch import config
-    for value, want in (("1", {"bias_grad": True, "bf16_outputs": True}), ("0", {"bias_grad": False, None: False}),
+    for value, want in (("1", {"bias_grad": True, "bf16_outputs": True, "residual": True}),
+                        ("0", {"bias_grad": False, "residual": False, None: False}),
                         ("bias_grad", {"bias_grad": True, "bf16_outputs": False, None: True}),
                         (" bf16_outputs , bias_grad", {"bias_grad": True, "bf16_outputs": True})):
         monkeypatch.setenv("NNTILE_FUSION", value)
@@ -392,7 +393,7 @@ def test_the_fusion_switch_reads_all_none_or_a_list_and_names_a_wrong_one(monkey
             assert config.fusion_enabled(name) is on, (value, name)
     monkeypatch.delenv("NNTILE_FUSION")
     assert config.fusion_enabled("bias_grad") and config.fusion_enabled()
-    assert not config.fusion_enabled("bf16_outputs")
+    assert not config.fusion_enabled("bf16_outputs") and not config.fusion_enabled("residual")
     monkeypatch.setenv("NNTILE_FUSION", "bias_gard")
     with pytest.raises(ValueError, match="unknown fusion.*bias_gard"):
         config.fusion_enabled("bias_grad")
