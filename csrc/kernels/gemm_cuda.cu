@@ -242,7 +242,8 @@ void gemm_cuda(cublasHandle_t handle, cudaStream_t stream, const GemmShape &s, D
                const GemmBiasGrad &bias_grad, const float *residual) {
     cublasComputeType_t compute = compute_type(ta, tb, precision);
     if (residual) {
-        NNTILE_CHECK(tc == DType::f32 && !bias_grad.out, "gemm_cuda: a residual needs a float32 C and no bias gradient");
+        NNTILE_CHECK(tc == DType::f32 && !bias_grad.out,
+                     "gemm_cuda: a residual needs a float32 C and no bias gradient");
         if (s.beta == 0.f && gemm_residual_lt(stream, s, ta, a, tb, b, tc, c, compute, bias, residual)) return;
         // C holds a partial sum (the K chain's last task), or no algorithm: the GEMM, then the add on its stream
         gemm_cuda(handle, stream, s, ta, a, tb, b, tc, c, precision, bias);
