@@ -22,15 +22,17 @@ class Producer:
     of their shape, or None: scratch, when they died before a side output was read), and its other outputs (a
     LayerNorm's mean and rstd) when first (otherwise scratch). It holds its output weakly (PENDING's values must
     not keep their keys alive)."""
-    __slots__ = ("submit", "inputs", "versions", "first", "out", "bf16", "with_residual")
+    __slots__ = ("submit", "inputs", "versions", "first", "out", "bf16", "with_residual", "writes_bf16")
 
     def __init__(self, submit, out, inputs, with_residual=None):
         self.submit, self.inputs, self.first = submit, inputs, True
         self.versions = [t.version for t in inputs]
         self.out, self.bf16 = weakref.ref(out), None  # bf16: the bf16 tiles a fused use had it write (weak)
         # with_residual(into, residual): submits the op writing its output plus `residual` into `into` (a Linear's
-        # GEMM reading the residual as its C input: docs/fusion.md, pair 3), or None where the op cannot
+        # GEMM reading the residual as its C input: docs/fusion.md, pair 3), or None where the op cannot or has
+        # done so once (a second add reads the output, one plain GEMM, instead of running the GEMM again)
         self.with_residual = with_residual
+        self.writes_bf16 = with_residual is None  # a GEMM's bias needs fp32 output tiles (fuse_bf16 is not for it)
 
     def check(self):
         if [t.version for t in self.inputs] != self.versions:
@@ -61,7 +63,7 @@ def pending(tiles):
     """Whether C++ `tiles` have a pending producer that can write them in bf16 (fuse_bf16: LayerNorm, GELU; a
     Linear's GEMM, whose bias needs fp32 output tiles, cannot)."""
     p = PENDING.get(tiles) if PENDING.data else None
-    return p is not None and p.with_residual is None
+    return p is not None and p.writes_bf16
 
 
 def _forget(p):
@@ -114,6 +116,7 @@ def fuse_residual(tiles, residual, make):
     p.check()
     out = make()
     p.with_residual(out, residual)
+    p.with_residual = None
     if p.first:  # its side outputs (the GEMM's cast input) are written: only `tiles` stay owed
         p.first = False
         _forget(p)

@@ -294,9 +294,15 @@ def test_a_linear_output_read_after_its_fused_add(device, monkeypatch):
         g = torch.Generator().manual_seed(3)
         u = torch.randn(111, 2 * C, generator=g).to(device).requires_grad_(True)
         x = nt.TileTensor.from_dense(torch.randn(111, C, generator=g).to(device), tile_shape=(ROWS, TILE))
-        y = proj(u)
-        h = x + y
-        h2 = y + h  # y again: not pending for this add
+        with nt.task_trace() as trace:
+            y = proj(u)
+            h = x + y
+            h2 = y + h  # y again: the GEMM once more, plain (7 row tiles x 2 K tiles), and the add
+            nt.synchronize()
+        names = [t["name"] for t in trace]
+        if fusion == "residual":
+            assert names.count("gemm+residual") == 7 and names.count("add_into") == 7, names
+            assert sum(n.startswith("gemm") for n in names) == 2 * 14, names
         return [dense(h), dense(y), dense(h2)]
 
     fused, unfused = run("residual"), run("0")
