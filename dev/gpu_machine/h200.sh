@@ -2,7 +2,7 @@
 # Runs on the GPU machine (through the device tool): installs the StarPU prefix carried in .carry/starpu, builds
 # the extension against the machine's torch, then runs what is asked: tests, gputests, cpuadamw (the CPU AdamW
 # kernel), nodes (memory as StarPU sees it), gemm, submission, decode, linear, ab (benchmarks), train (main job), mlp,
-# profile, multigpu, bench (the harness, plans in BENCH_ARGS), generate (HF generate() tokens/s beside torch), curves
+# profile, multigpu, rates (the plan's rates measured here), bench (the harness, plans in BENCH_ARGS), generate (HF generate() tokens/s beside torch), curves
 # (loss curves of every optimizer-state precision beside torch, CURVES_ARGS).
 # Logs go to $OUT.
 #   bash dev/gpu_machine/h200.sh tests gemm
@@ -255,6 +255,9 @@ print('async_io compatible:', b.is_compatible(verbose=True)); b.load()" >"$OUT/d
       # shellcheck disable=SC2086  # a list of arguments
       python3 -m benchmarks.loss_curves ${CURVES_ARGS:---steps 2000 --budget 540} --out "$OUT/loss_curves" 2>&1 \
         | grep -v "^\[starpu\]" | tee "$OUT/loss_curves.log" | tail -14; rc=${PIPESTATUS[0]} ;;
+    rates)  # the plan's rates measured on this GPU (microbenchmark peaks: nntile_torch/rates.py), beside its defaults
+      # cached under $OUT/rates, not in STARPU_HOME: the plans of later steps and calls keep the H200's fitted defaults
+      env -u STARPU_HOME XDG_CACHE_HOME="$OUT/rates" python3 -m nntile_torch.rates 2>&1 | grep -v "^\[starpu\]" | tee "$OUT/rates.log" | tail -14; rc=${PIPESTATUS[0]} ;;
     mlp) python3 -m nntile_torch.examples.mlp --steps 100 --out "$OUT/mlp" 2>&1 | tr '\r' '\n' | tail -3; rc=${PIPESTATUS[0]} ;;
     *) echo "unknown step $step"; rc=2 ;;
   esac
