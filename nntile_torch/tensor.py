@@ -510,49 +510,84 @@ def _is_view_op(func):
     return known
 
 
-def _meta_of(x):
-    """A meta tensor with x's shape, strides and offset into its tiles' elements: what a view op would give."""
-    base = torch.empty(math.prod(x._raw.shape), dtype=x.dtype, device="meta")
-    return base.as_strided(tuple(x.shape), tuple(x.stride()), x.storage_offset())
+def _view_arg(shape, strides, offset, numel):
+    """TileTensor's view= for that geometry over `numel` elements: None where it is all of them in order."""
+    if offset == 0 and math.prod(shape) == numel \
+            and all(st == c for n, st, c in zip(shape, strides, contiguous_strides(shape)) if n != 1):
+        return None
+    return tuple(strides), offset
 
 
 def view_of(tiles, shape, strides, offset, device):
     """A TileTensor over `tiles` with that geometry: a plain one when it is the tiles' elements in order."""
     shape = tuple(shape)
-    if offset == 0 and math.prod(shape) == math.prod(tiles.shape) \
-            and all(st == c for n, st, c in zip(shape, strides, contiguous_strides(shape)) if n != 1):
-        return TileTensor(tiles, shape, device)
-    return TileTensor(tiles, shape, device, view=(tuple(strides), offset))
+    return TileTensor(tiles, shape, device, view=_view_arg(shape, strides, offset, math.prod(tiles.shape)))
 
 
+def _frozen(a):
+    """a with its lists turned into tuples, at any depth (hashable where its other items are)."""
+    return tuple(_frozen(v) if type(v) in (list, tuple) else v for v in a)
+
+
+# (view op, x's geometry, the op's other arguments) -> the results' geometries, or None where the op is no view of
+# these strides. A step asks the same few dozen questions every layer (nanoGPT's attention: a split, three views and
+# four transposes forward, as many backward): running each on a meta tensor took ~25 of a view's ~50 us.
+_VIEW_GEOMETRY = {}
+_VIEW_GEOMETRY_MAX = 4096
+
+
+def _view_geometry(func, x, args, kwargs):
+    """What func(x, *args, **kwargs) gives on a tensor of x's geometry: ("one" | list | tuple, [(shape, view= of
+    TileTensor)]), or None where it is not a view (torch's own rules, run on a meta tensor; cached per geometry)."""
+    numel = math.prod(x._raw.shape)
+    key = (func, tuple(x.shape), x.stride(), x.storage_offset(), numel, x.dtype, _frozen(args),
+           _frozen(sorted(kwargs.items())) if kwargs else ())
+    try:
+        hash(key)
+    except TypeError:
+        key = None  # an argument that is not hashable: asked every time
+    if key is not None:
+        known = _VIEW_GEOMETRY.get(key, False)
+        if known is not False:
+            return known
+    base = torch.empty(numel, dtype=x.dtype, device="meta")
+    try:
+        out = func(base.as_strided(tuple(x.shape), tuple(x.stride()), x.storage_offset()), *args, **kwargs)
+    except RuntimeError:
+        got = None  # not a view of these strides: the dense path does what torch does (or raises)
+    else:
+        many = isinstance(out, (list, tuple))
+        rs = list(out) if many else [out]
+        got = None
+        if all(isinstance(r, torch.Tensor) and r.dtype == x.dtype for r in rs):
+            got = (type(out) if many else "one",
+                   [(tuple(r.shape), _view_arg(tuple(r.shape), r.stride(), r.storage_offset(), numel)) for r in rs])
+    if key is not None:
+        if len(_VIEW_GEOMETRY) >= _VIEW_GEOMETRY_MAX:
+            _VIEW_GEOMETRY.clear()
+        _VIEW_GEOMETRY[key] = got
+    return got
+
+
+@without_torch_function
 def _view_op(func, *args, **kwargs):
-    # The op runs on a meta tensor of x's geometry (torch's own rules and errors: a view that cannot be one raises
-    # as it does on dense tensors); its results' strides and offsets are the views'.
+    # The op's results' strides and offsets, from torch's own rules and errors (a view that cannot be one raises as
+    # it does on dense tensors): _view_geometry.
     x = args[0]
     if not isinstance(x, TileTensor) or any(isinstance(a, TileTensor) for a in args[1:]):
         return NotImplemented
-    try:
-        out = func(_meta_of(x), *args[1:], **kwargs)
-    except RuntimeError:
-        return NotImplemented  # not a view of these strides: the dense path does what torch does (or raises)
-
-    bf16 = x.made_in_bf16
-
-    def as_view(r):
-        if not isinstance(r, torch.Tensor) or r.dtype != x.dtype:
-            raise _NotAView
-        v = view_of(x._raw, r.shape, r.stride(), r.storage_offset(), x.device)
+    got = _view_geometry(func, x, args[1:], kwargs)
+    if got is None:
+        return NotImplemented
+    kind, geometries = got
+    raw, device, bf16 = x._raw, x.device, x.made_in_bf16
+    views = []
+    for shape, view in geometries:
+        v = TileTensor(raw, shape, device, view=view)
         if bf16:
             v.made_in_bf16 = True
-        return v
-    try:
-        return type(out)(as_view(r) for r in out) if isinstance(out, (list, tuple)) else as_view(out)
-    except _NotAView:
-        return NotImplemented
-
-
-class _NotAView(Exception):
-    pass
+        views.append(v)
+    return views[0] if kind == "one" else kind(views)
 
 
 def _cat(tensors, dim=0):

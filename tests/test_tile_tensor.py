@@ -213,3 +213,33 @@ def test_add_into_checks_tiling_and_dtype():
         _C.add_into(1.0, a, 1.0, b, a)
     with pytest.raises(Exception, match="add_into"):
         _C.add_into(1.0, a, 1.0, a, c)
+
+
+def test_view_ops_take_torch_geometry_and_remember_it():
+    """View ops on a TileTensor (view, transpose, split by size and by sizes, unsqueeze, permute, select, narrow,
+    expand, t, squeeze, unflatten, chains of them) are views of the same tiles with the geometry torch gives a dense
+    tensor, values equal; the second time a geometry is asked it comes from the cache (nanoGPT asks the same ones every
+    layer), with the same values; a view torch refuses on these strides is refused the same way both times."""
+    from nntile_torch import tensor as T
+    x = torch.randn(3, 10, 12)
+    t = nt.TileTensor.from_dense(x, (2, 4, 5))
+    ops = [
+        lambda a: a.view(3, 10, 3, 4), lambda a: a.transpose(0, 2), lambda a: a.split(5, dim=1),
+        lambda a: a.split([4, 7, 1], dim=2), lambda a: a.unsqueeze(1), lambda a: a.permute(2, 0, 1),
+        lambda a: a[1], lambda a: a.narrow(2, 3, 6), lambda a: a[:1].expand(4, 10, 12), lambda a: a[0].t(),
+        lambda a: a[:, :1].squeeze(1), lambda a: a.unflatten(2, (2, 6)),
+        lambda a: a.view(3, 10, 2, 6).transpose(1, 2)[:, 1:].split(3, dim=-1),
+    ]
+    for round_ in range(2):
+        for op in ops:
+            got, want = op(t), op(x)
+            for g, w in zip(*((got, want) if isinstance(want, (list, tuple)) else ((got,), (want,)))):
+                assert isinstance(g, nt.TileTensor) and g._raw is t._raw, "a view, not a copy"
+                assert g.shape == w.shape and g.stride() == w.stride() and g.storage_offset() == w.storage_offset()
+                assert torch.equal(g.materialize(), w)
+        if round_ == 0:
+            asked = dict(T._VIEW_GEOMETRY)
+    assert len(asked) >= len(ops) and T._VIEW_GEOMETRY == asked  # remembered: the second round asked nothing new
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            t.transpose(0, 1).view(-1)

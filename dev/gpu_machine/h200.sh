@@ -163,8 +163,13 @@ for step in "$@"; do
         'cat "${STARPU_PREFIX}/.nntile_build"'); new: $(cat .carry/code_commit 2>/dev/null || echo '?')" | tee "$OUT/ab.log"
       if [ -n "${AB_NEW_BENCHMARKS:-}" ]; then rm -rf .carry/old/benchmarks && mkdir .carry/old/benchmarks \
         && cp -a benchmarks/*.py .carry/old/benchmarks/; fi
-      (cd .carry/old && env "${old_env[@]}" MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build_old.log" 2>&1) \
-        || { echo "old build failed"; grep -m20 -B2 -A6 error "$OUT/build_old.log"; }
+      # the same extension sources on the same StarPU: this tree's build serves the old one (no second build)
+      if [ ! -d .carry/old_starpu ] && diff -rq csrc .carry/old/csrc >/dev/null && cmp -s setup.py .carry/old/setup.py; then
+        cp "nntile_torch/$so" ".carry/old/nntile_torch/$so" && echo "old side: this tree's extension (same csrc)" | tee -a "$OUT/ab.log"
+      else
+        (cd .carry/old && env "${old_env[@]}" MAX_JOBS=16 python3 setup.py build_ext --inplace >"$OUT/build_old.log" 2>&1) \
+          || { echo "old build failed"; grep -m20 -B2 -A6 error "$OUT/build_old.log"; }
+      fi
       if [ -n "${AB_PROFILE:-}" ]; then
         IFS=';' read -ra runs <<< "$AB_PROFILE"
         for round in $(seq "${AB_ROUNDS:-2}"); do
