@@ -525,8 +525,15 @@ def view_of(tiles, shape, strides, offset, device):
 
 
 def _frozen(a):
-    """a with its lists turned into tuples, at any depth (hashable where its other items are)."""
-    return tuple(_frozen(v) if type(v) in (list, tuple) else v for v in a)
+    """a with its lists turned into tuples, at any depth (hashable where its other items are); TypeError where an
+    item is a tensor (narrow's start: hashed by identity, its value could change)."""
+    return tuple(_frozen(v) if type(v) in (list, tuple) else _no_tensor(v) for v in a)
+
+
+def _no_tensor(v):
+    if isinstance(v, torch.Tensor):
+        raise TypeError("a tensor argument")
+    return v
 
 
 # (view op, x's geometry, the op's other arguments) -> the results' geometries, or None where the op is no view of
@@ -540,9 +547,9 @@ def _view_geometry(func, x, args, kwargs):
     """What func(x, *args, **kwargs) gives on a tensor of x's geometry: ("one" | list | tuple, [(shape, view= of
     TileTensor)]), or None where it is not a view (torch's own rules, run on a meta tensor; cached per geometry)."""
     numel = math.prod(x._raw.shape)
-    key = (func, tuple(x.shape), x.stride(), x.storage_offset(), numel, x.dtype, _frozen(args),
-           _frozen(sorted(kwargs.items())) if kwargs else ())
     try:
+        key = (func, tuple(x.shape), x.stride(), x.storage_offset(), numel, x.dtype, _frozen(args),
+               _frozen(sorted(kwargs.items())) if kwargs else ())
         hash(key)
     except TypeError:
         key = None  # an argument that is not hashable: asked every time

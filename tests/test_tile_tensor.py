@@ -243,3 +243,9 @@ def test_view_ops_take_torch_geometry_and_remember_it():
     for _ in range(2):
         with pytest.raises(RuntimeError, match="view size is not compatible"):
             t.transpose(0, 1).view(-1)
+    start = torch.tensor(2)
+    for value in (2, 5):  # a tensor argument is not remembered: its value can change
+        start.fill_(value)
+        got = torch.ops.aten.narrow.Tensor(t, 1, start, 3)
+        assert got._raw is t._raw and torch.equal(got.materialize(), x.narrow(1, value, 3))
+    assert not any(isinstance(v, torch.Tensor) for key in T._VIEW_GEOMETRY for v in key[6])
