@@ -45,12 +45,17 @@ def test_generate_benchmark(tmp_path):
 
 
 def test_submission_benchmark(tmp_path):
-    run("benchmarks.submission", "--layers", "2", "--width", "16", "--steps", "3", "--out", "s.json",
-        tmp_path=tmp_path)
-    d = json.loads((tmp_path / "s.json").read_text())
-    assert d["params"] == 2 * 12 + 4 and d["tasks_per_step"] > 0  # 12 per block, embeddings, final norm
-    assert d["forward_backward_s"] > 0 and d["optimizer_step_s"] > 0 and d["us_per_task"] > 0
-    assert d["torch_forward_backward_s"] > 0 and d["torch_optimizer_step_s"] > 0
+    tasks = {}
+    for model in ("hf", "nanogpt"):
+        run("benchmarks.submission", "--model", model, "--layers", "2", "--width", "16", "--steps", "3", "--out",
+            f"{model}.json", tmp_path=tmp_path)
+        d = json.loads((tmp_path / f"{model}.json").read_text())
+        assert d["model"] == model and d["tasks_per_step"] > 0
+        assert d["forward_backward_s"] > 0 and d["optimizer_step_s"] > 0 and d["us_per_task"] > 0
+        assert 0 < d["forward_backward_cpu_s"] and d["torch_forward_backward_s"] > 0 and d["torch_optimizer_step_s"] > 0
+        tasks[model] = (d["params"], d["tasks_per_step"])
+    # 12 parameters per block, two embeddings, the final norm's two (both heads tied); the same tasks per step
+    assert tasks["hf"] == tasks["nanogpt"] and tasks["hf"][0] == 2 * 12 + 4
 
 
 def test_decode_submission_benchmark(tmp_path):
