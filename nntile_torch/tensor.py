@@ -538,7 +538,8 @@ def _no_tensor(v):
 
 # (view op, x's geometry, the op's other arguments) -> the results' geometries, or None where the op is no view of
 # these strides. A step asks the same few dozen questions every layer (nanoGPT's attention: a split, three views and
-# four transposes forward, as many backward): running each on a meta tensor took ~25 of a view's ~50 us.
+# four transposes forward, as many backward); running each on a meta tensor was half a view's cost
+# (docs/measurements.md, "View ops' geometry").
 _VIEW_GEOMETRY = {}
 _VIEW_GEOMETRY_MAX = 4096
 
