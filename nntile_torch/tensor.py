@@ -547,9 +547,9 @@ _VIEW_GEOMETRY_MAX = 4096
 def _view_geometry(func, x, args, kwargs):
     """What func(x, *args, **kwargs) gives on a tensor of x's geometry: ("one" | list | tuple, [(shape, view= of
     TileTensor)]), or None where it is not a view (torch's own rules, run on a meta tensor; cached per geometry)."""
-    numel = math.prod(x._raw.shape)
+    numel, shape, strides, offset = math.prod(x._raw.shape), tuple(x.shape), x.stride(), x.storage_offset()
     try:
-        key = (func, tuple(x.shape), x.stride(), x.storage_offset(), numel, x.dtype, _frozen(args),
+        key = (func, shape, strides, offset, numel, x.dtype, _frozen(args),
                _frozen(sorted(kwargs.items())) if kwargs else ())
         hash(key)
     except TypeError:
@@ -560,7 +560,7 @@ def _view_geometry(func, x, args, kwargs):
             return known
     base = torch.empty(numel, dtype=x.dtype, device="meta")
     try:
-        out = func(base.as_strided(tuple(x.shape), tuple(x.stride()), x.storage_offset()), *args, **kwargs)
+        out = func(base.as_strided(shape, strides, offset), *args, **kwargs)
     except RuntimeError:
         got = None  # not a view of these strides: the dense path does what torch does (or raises)
     else:
@@ -568,8 +568,9 @@ def _view_geometry(func, x, args, kwargs):
         rs = list(out) if many else [out]
         got = None
         if all(isinstance(r, torch.Tensor) and r.dtype == x.dtype for r in rs):
+            shapes = [tuple(r.shape) for r in rs]
             got = (type(out) if many else "one",
-                   [(tuple(r.shape), _view_arg(tuple(r.shape), r.stride(), r.storage_offset(), numel)) for r in rs])
+                   [(sh, _view_arg(sh, r.stride(), r.storage_offset(), numel)) for sh, r in zip(shapes, rs)])
     if key is not None:
         if len(_VIEW_GEOMETRY) >= _VIEW_GEOMETRY_MAX:
             _VIEW_GEOMETRY.clear()
