@@ -17,8 +17,8 @@ Recognized by what modules compute, not by a list of classes:
 - attention: F.scaled_dot_product_attention on q, k, v split from one tiled matrix (nanoGPT's, Hugging Face's
   sdpa) runs as tile tasks wherever it is called; Hugging Face's GPT2Attention keeps its module and runs
   attention as tile tasks for every attn_implementation, padding masks included (nntile_torch/nn/gpt2.py); a module
-  that wraps that attention in two Linears and its views (nanoGPT's CausalSelfAttention) submits it as one task
-  group once its first call in a mode shows that it is qkv -> causal attention -> projection
+  whose forward is qkv Linear -> split into heads -> causal SDPA -> projection Linear -> dropouts (nanoGPT's
+  CausalSelfAttention; found by a probe) keeps its module and submits that without its view ops
   (nntile_torch/nn/sdpa_attention.py);
 - the Llama family's attention (Llama's, Mistral's, Qwen2's: q, k, v projections, rotary position embeddings from
   the model's rotary module, grouped-query causal or masked attention, o projection; found by structure and a probe)
@@ -40,7 +40,7 @@ from .nn import GELU, Conv1D, Dropout, Embedding, LayerNorm, Linear, RMSNorm
 from .nn.embedding import check_indices_now
 from .nn._init import no_init
 from .nn.gpt2 import is_gpt2_attention, patch_gpt2_attention
-from .nn.sdpa_attention import shaped_for_it, watch_sdpa_attention
+from .nn.sdpa_attention import patch_sdpa_attention, sdpa_attention_form
 from .nn.llama import is_gated_silu_mlp, is_llama_attention, patch_gated_mlp, patch_llama_attention
 from .owners import module_record
 from .param import param_state
@@ -231,6 +231,7 @@ def convert(model, precision=None, tile_size=None, batch_tile_size=None, init=No
                 dense.append((full, child, kind[1]))
     gated_mlps = [(name, m) for name, m in model.named_modules() if is_gated_silu_mlp(m)]  # probed while dense
     llama_attention = [(name, m) for name, m in model.named_modules() if is_llama_attention(m)]
+    sdpa_attentions = [(name, m, f) for name, m in model.named_modules() if (f := sdpa_attention_form(m)) is not None]
     covered = {id(p) for _, _, c, _, _ in swaps for p in c.parameters(recurse=False)}
     covered |= {id(p) for _, c, _ in tile_plan for p in c.parameters(recurse=False)}
     # Modules left dense whose parameters are all tied to converted ones share the tiles: nothing stays dense.
@@ -314,11 +315,10 @@ def convert(model, precision=None, tile_size=None, batch_tile_size=None, init=No
     for name, m in gated_mlps:
         patch_gated_mlp(m)
         report.patched.append((name, type(m).__name__, "silu(gate) * up as tile tasks"))
-    for name, m in model.named_modules():
-        if shaped_for_it(m):
-            watch_sdpa_attention(m)
-            report.patched.append((name, type(m).__name__, "its views and attention as one attention task once its "
-                                                           "first call shows them (qkv, causal attention, projection)"))
+    for name, m, form in sdpa_attentions:
+        patch_sdpa_attention(m, form)
+        report.patched.append((name, type(m).__name__, "qkv, causal attention and projection as tile tasks, without "
+                                                       "its view ops"))
     # Hugging Face keeps a key/value cache during training too unless told otherwise; a cache is of no use to
     # training and would keep every layer's keys and values. generate() still makes one (its generation_config's
     # use_cache), kept in tiles (nn/kv_cache.py).

@@ -68,8 +68,12 @@ def keep(ctx, device, *tiles):
 
 
 def kept(ctx):
-    """The C++ tiles keep() saved, in order."""
-    return [w.tiles for w in ctx.saved_tensors]
+    """The C++ tiles keep() saved, in order. Unpacked with TileTensor's __torch_function__ on: under non-reentrant
+    checkpointing the unpacking recomputes the block's forward, here inside a backward that runs without it, and a
+    block's own torch code (nanoGPT's F.layer_norm) needs it to stay in tiles."""
+    with torch._C._EnableTorchFunction():
+        saved = ctx.saved_tensors
+    return [w.tiles for w in saved]
 
 
 def tiles_of(shape, tile_shape, value, dtype=torch.float32, name="", persistent=False):

@@ -48,7 +48,8 @@ def layer_norm_like(m):
     if b is not None and tuple(b.shape) != tuple(w.shape):
         return None
     c = w.shape[0]
-    x = torch.randn(2, c, device=w.device) if not w.is_meta else torch.empty(2, c, device="meta")
+    x = torch.randn(2, c, generator=torch.Generator().manual_seed(0)).to(w.device) if not w.is_meta \
+        else torch.empty(2, c, device="meta")  # a generator of its own: convert() draws nothing from torch's
     calls = _Calls()
     try:
         with torch.no_grad(), calls:

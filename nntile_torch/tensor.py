@@ -35,9 +35,6 @@ _TILE_DTYPES = {v: k for k, v in _DTYPES.items()}
 # torch functions on TileTensors that become tile tasks (functional.py fills it in): the function people call
 # (F.layer_norm, F.gelu, F.scaled_dot_product_attention, ...) decides, not the class of the module calling it.
 FUNCTIONS = {}
-# Watchers of the torch calls made on TileTensors (nn/sdpa_attention.py, while it checks a module's first call): the
-# innermost one gets (func, args, kwargs, out, taken as tile tasks) of each call.
-WATCHES = []
 
 
 def contiguous_strides(shape):
@@ -173,13 +170,8 @@ class TileTensor(torch.Tensor):
         if tiled is not None:
             out = tiled(*args, **(kwargs or {}))
             if out is not NotImplemented:
-                if WATCHES:
-                    WATCHES[-1](func, args, kwargs, out, True)
                 return out
-        out = _disabled_torch_function(func, types, args, kwargs or {})
-        if WATCHES:
-            WATCHES[-1](func, args, kwargs, out, False)
-        return out
+        return _disabled_torch_function(func, types, args, kwargs or {})
 
     # --- construction -------------------------------------------------------------------------------------
     @classmethod

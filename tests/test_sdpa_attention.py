@@ -1,8 +1,8 @@
-"""Attention written as torch code around F.scaled_dot_product_attention (nanoGPT's CausalSelfAttention): after its
-first call in a mode shows qkv -> causal attention -> projection on tiles, later calls submit the attention as one
-task group (nntile_torch/nn/sdpa_attention.py). The same training bit for bit as the module's own code on tiles
-(attention dropout included), fewer torch calls on the submitting thread, and every module that computes something
-else keeps its own code, with torch's results."""
+"""Attention written as torch code around F.scaled_dot_product_attention (nanoGPT's CausalSelfAttention), found by a
+probe to be qkv -> causal attention -> projection, submitted without its view ops (nntile_torch/nn/sdpa_attention.py):
+the same training bit for bit as the module's own code on tiles (attention dropout and checkpointing included), fewer
+torch calls on the submitting thread, and every module that computes something else keeps its own code, with
+torch's results."""
 import copy
 import math
 
@@ -13,7 +13,8 @@ from torch import nn
 
 import nntile_torch as nt
 from benchmarks import models
-from nntile_torch.nn.sdpa_attention import _WatchedForward
+from nntile_torch.nn.sdpa_attention import _FormForward
+from nntile_torch.streaming import checkpoint_blocks
 
 
 def nanogpt(dropout, layers=2, width=48, heads=4, seq=24):
@@ -24,16 +25,16 @@ def nanogpt(dropout, layers=2, width=48, heads=4, seq=24):
 
 
 def forms(model):
-    """{module name: its watched forward's modes} of the converted model's watched modules."""
-    return {n: m.forward.__func__.modes for n, m in model.named_modules()
-            if isinstance(getattr(m.forward, "__func__", None), _WatchedForward)}
+    """{module name: its _Form} of the converted model's modules bound to this form."""
+    return {n: m.forward.__func__.form for n, m in model.named_modules()
+            if isinstance(getattr(m.forward, "__func__", None), _FormForward)}
 
 
 def own_code(model):
-    """The model's watched modules made to run their own code in every mode (the reference)."""
-    for modes in forms(model).values():
-        for mode in [(a, b) for a in (True, False) for b in (True, False)]:
-            modes[mode] = False
+    """The model's attention modules made to run their own code again (the reference)."""
+    for n, m in model.named_modules():
+        if n in forms(model):
+            del m.forward
 
 
 def train(model, ids, steps=3):
@@ -52,27 +53,32 @@ def train(model, ids, steps=3):
         losses.append(float(models.loss("nanogpt", model, ids[:, :17])))  # a shorter sequence: other tiles
     model.train()
     weights = {n: p.materialize().clone() for n, p in model.named_parameters()}
+    # all in tiles, checkpoint's recompute too (it runs inside nntile's backward: functional.kept)
+    assert nt.convert_report(model).dense_ops == {}
     return losses, grads, weights
 
 
-@pytest.mark.parametrize("dropout", [0.0, 0.15])
-def test_nanogpt_attention_after_its_first_call_is_its_own_code_bit_for_bit(device, dropout):
+@pytest.mark.parametrize("dropout, checkpointed", [(0.0, False), (0.15, False), (0.15, True)])
+def test_nanogpt_attention_as_the_form_is_its_own_code_bit_for_bit(device, dropout, checkpointed):
+    """Training (attention and residual dropout, each block under torch.utils.checkpoint or not), then evaluation
+    on a shorter sequence: the same losses, gradients and weights as the module's own code on tiles."""
     ids = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(1)).to(device)
     runs = []
-    for watched in (True, False):
-        model = nt.convert(nanogpt(dropout).to(device), tile_size=48 * 3, batch_tile_size=48)
+    for bound in (True, False):
+        model = nanogpt(dropout).to(device)
+        state = torch.random.get_rng_state()
+        model = nt.convert(model, tile_size=48 * 3, batch_tile_size=48)
+        assert torch.equal(torch.random.get_rng_state(), state)  # the probe draws nothing from torch's generator
         assert set(forms(model)) == {"transformer.h.0.attn", "transformer.h.1.attn"}
-        if not watched:
+        for form in forms(model).values():
+            assert (form.qkv, form.proj, form.dropouts, form.heads) == ("c_attn", "c_proj", ["resid_dropout"], 4)
+            assert form.scale == 1 / math.sqrt(12) and form.dropout_p == {True: dropout, False: 0.0}
+        if not bound:
             own_code(model)
+        if checkpointed:
+            checkpoint_blocks(model, "transformer.h")
         torch.manual_seed(5)  # the dropout masks' seeds: drawn in the same order either way
         runs.append(train(model, ids))
-        if watched:  # the form found in training and in evaluation without grad, with the module's dropout
-            for modes in forms(model).values():
-                train_form, eval_form = modes[(True, True)], modes[(False, False)]
-                assert train_form and eval_form and train_form.dropout_p == dropout and eval_form.dropout_p == 0.0
-                assert (train_form.qkv, train_form.proj, train_form.dropouts, train_form.heads) == \
-                    ("c_attn", "c_proj", ["resid_dropout"], 4)
-                assert train_form.scale == 1 / math.sqrt(12)
     (l1, g1, w1), (l2, g2, w2) = runs
     assert l1 == l2
     for a, b in zip(g1, g2):
@@ -80,29 +86,29 @@ def test_nanogpt_attention_after_its_first_call_is_its_own_code_bit_for_bit(devi
     assert all(torch.equal(w1[n], w2[n]) for n in w1)
 
 
-def test_nanogpt_attention_makes_fewer_torch_calls_and_the_same_tasks():
+def test_nanogpt_attention_makes_fewer_torch_calls_and_the_same_tasks(monkeypatch):
     """The point of it: per step, far fewer calls into TileTensor's __torch_function__ (each view op one, with
     torch's dispatcher and autograd behind it), not more tasks."""
-    from nntile_torch import tensor
     ids = torch.randint(0, 96, (4, 24), generator=torch.Generator().manual_seed(1))
+    calls = []
+    through = nt.TileTensor.__torch_function__.__func__
+
+    def counted(cls, func, types, args=(), kwargs=None):
+        calls.append(func)
+        return through(cls, func, types, args, kwargs)
+    monkeypatch.setattr(nt.TileTensor, "__torch_function__", classmethod(counted))
     counts = []
-    for watched in (True, False):
+    for bound in (True, False):
         model = nt.convert(nanogpt(0.0), tile_size=48 * 3, batch_tile_size=48)
-        if not watched:
+        if not bound:
             own_code(model)
-        models.loss("nanogpt", model, ids).backward()  # the first call, watched
-        calls = []
-        tensor.WATCHES.append(lambda func, *rest: calls.append(func))
-        try:
-            n0 = nt.stats()["tasks_submitted"]
-            models.loss("nanogpt", model, ids).backward()
-            tasks = nt.stats()["tasks_submitted"] - n0
-        finally:
-            tensor.WATCHES.pop()
-        counts.append((len(calls), tasks))
+        calls.clear()
+        n0 = nt.stats()["tasks_submitted"]
+        models.loss("nanogpt", model, ids).backward()
+        counts.append((len(calls), nt.stats()["tasks_submitted"] - n0))
     (calls_w, tasks_w), (calls_o, tasks_o) = counts
     assert tasks_w <= tasks_o, counts
-    assert calls_w < calls_o - 2 * 8, counts  # at least 8 view ops fewer per layer
+    assert calls_w <= calls_o - 2 * 10, counts  # 11 view ops and the attention per layer go
 
 
 def tiles(x, rows):
@@ -148,8 +154,8 @@ def test_a_module_that_computes_something_else_keeps_its_own_code(device, change
     ref = _Attention(change).to(device)
     x = torch.randn(3, 8, 32, device=device)
     model = nt.convert(copy.deepcopy(ref), tile_size=96, batch_tile_size=16)
-    assert set(forms(model)) == {""}
-    for step in range(2):  # the watched first call, then the later ones
+    assert set(forms(model)) == ({""} if change == "none" else set())
+    for step in range(2):
         xt = tiles(x, 16).requires_grad_(True)
         xr = x.clone().requires_grad_(True)
         y, yr = model(xt), ref(xr)
@@ -162,10 +168,9 @@ def test_a_module_that_computes_something_else_keeps_its_own_code(device, change
             torch.testing.assert_close(p.grad.materialize(), pr.grad, rtol=1e-4, atol=1e-5, msg=n)
         model.zero_grad(set_to_none=True)
         ref.zero_grad(set_to_none=True)
-    assert bool(forms(model)[""][(True, True)]) == (change == "none")
 
 
-def test_children_hooks_run_and_other_inputs_take_the_module_code():
+def test_children_hooks_run_and_other_inputs_take_the_modules_code():
     torch.manual_seed(4)
     ref = _Attention("none")
     model = nt.convert(copy.deepcopy(ref), tile_size=96, batch_tile_size=16)
@@ -174,9 +179,21 @@ def test_children_hooks_run_and_other_inputs_take_the_module_code():
     x = torch.randn(2, 8, 32)
     for _ in range(2):
         model(tiles(x, 16))
-    assert seen == [(2, 8, 32)] * 2 and forms(model)[""][(True, True)]
+    assert seen == [(2, 8, 32)] * 2 and forms(model)[""]
     # another sequence length, then a dense input (not tiles: the module's own code)
     for z in (torch.randn(2, 5, 32), torch.randn(1, 8, 32)):
         y = model(tiles(z, 10) if z.shape[1] == 5 else z)
         torch.testing.assert_close(y.materialize() if isinstance(y, nt.TileTensor) else y, ref(z), rtol=1e-5,
                                    atol=1e-5)
+
+
+def test_the_probe_runs_on_a_copy_of_a_meta_module():
+    """A model built on the meta device (what a memory plan converts) is probed on a CPU copy with random weights."""
+    from nntile_torch.nn import sdpa_attention
+    sdpa_attention._FORMS.clear()
+    with torch.device("meta"):
+        model, bad = nanogpt(0.1), _Attention("qkv scaled")
+    form = sdpa_attention.sdpa_attention_form(model.transformer.h[0].attn)
+    assert form is not None and form.dropout_p == {True: 0.1, False: 0.0} and form.heads == 4
+    assert sdpa_attention.sdpa_attention_form(bad) is None
+    assert all(p.is_meta for p in model.parameters())  # the model itself untouched

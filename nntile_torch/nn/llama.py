@@ -111,7 +111,7 @@ def is_gated_silu_mlp(m):
     w = m.gate_proj.weight
     if w.is_meta or type(w).__name__ == "TileTensor":
         return True  # the structure alone: a meta module cannot be run, a converted one is checked as it runs
-    x = torch.randn(2, w.shape[1], device=w.device, generator=None)
+    x = torch.randn(2, w.shape[1], generator=torch.Generator().manual_seed(0)).to(w.device)  # not torch's generator
     with torch.no_grad():
         try:
             y = m(x)

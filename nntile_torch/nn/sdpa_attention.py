@@ -3,80 +3,37 @@ qkv = c_attn(x), split into q, k, v and heads by views and transposes, causal at
 then c_proj and dropouts. On tiles each of those ~11 view ops goes through torch's dispatcher and autograd on the
 submitting thread (docs/inside_gpu.md), though the only tasks are the projections' and the attention's.
 
-convert() gives every module shaped for it (no parameters of its own; its children two converted Linears and any
-converted Dropouts) a watched forward. The first call in each mode (training or not, grad mode or not) runs the
-module's own code and watches what it does on tiles. It is this form only when
-- every torch call it made on TileTensors outside its children was a view (split, view, transpose, ...) or
-  F.scaled_dot_product_attention taken as tile tasks (no mask, causal);
-- the first Linear read the module's input, and the attention read that Linear's output split into thirds and heads
-  (the tiled attention checks the views' strides);
-- the second Linear read the attention's output as (B, T, C) over the same tiles;
-- the module returned the second Linear's output after its Dropouts, each applied to the one before.
-Later calls in that mode submit the same tasks directly (CausalAttentionFunction: the kernel, seed and dropout of the
-tiled F.scaled_dot_product_attention) and call the children as the module did, their hooks included. A first call
-that is anything else keeps the module's own code for that mode. The dropout probability and scale are the ones the
-first call passed: a module that changes them later in the same mode is not followed."""
+Recognized by what it computes, on a probe before conversion (a CPU copy with random weights, one per module class
+and configuration; torch's random state untouched): a module with no parameters of its own whose children are two
+nn.Linear (C -> 3C and C -> C) and any nn.Dropout, which, in training and in evaluation, calls the first Linear on its
+input, then the second, then its Dropouts each on the one before's output, returns the last, makes one causal
+F.scaled_dot_product_attention call without a mask, and whose output equals the reference written out here (the same
+attention on qkv's thirds and heads, with the probability and scale of its own call, from the same random state).
+convert() then binds a forward that submits the attention directly (CausalAttentionFunction: the kernel, seed and
+dropout of the tiled F.scaled_dot_product_attention, whose tasks the module's own code made) and calls the children
+as the module did, their hooks included; an input it does not cover runs the module's own code. The dropout
+probabilities and scale are the probe's: a module that changes them after convert() is not followed."""
+import copy
 import math
 import types
 
 import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ..functional import CausalAttentionFunction, apply_tiled, attention_tiles_ok, dropout_seed
-from ..tensor import WATCHES, TileTensor, contiguous_strides, plain, without_torch_function
+from ..tensor import plain, without_torch_function
 from .linear import Linear
-from .norm_act import Dropout
 
 F = torch.nn.functional
 _SDPA_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
 _SDPA_DEFAULTS = {"attn_mask": None, "dropout_p": 0.0, "is_causal": False, "scale": None, "enable_gqa": False}
-# torch calls that only look at a tensor or view it: what the module may call on tiles besides the attention
-_LAYOUT = frozenset([getattr(torch.Tensor, n) for n in (
-    "split", "chunk", "view", "reshape", "transpose", "permute", "contiguous", "size", "dim", "unflatten", "flatten",
-    "is_contiguous", "stride", "storage_offset")] + [getattr(torch.Tensor, n).__get__ for n in (
-        "shape", "ndim", "dtype", "device", "requires_grad", "is_cuda")] + [
-    torch.split, torch.chunk, torch.transpose, torch.reshape, torch.permute, torch.flatten])
-
-
-def shaped_for_it(m):
-    """Whether m may be this form: no parameters of its own, two converted Linears among its children, the other
-    children converted Dropouts; its forward not patched already (Hugging Face's GPT-2 attention, a second convert)."""
-    if next(iter(m.parameters(recurse=False)), None) is not None:
-        return False
-    if isinstance(getattr(m.forward, "__func__", None), _WatchedForward) or "forward" in vars(m):
-        return False
-    children = list(m.children())
-    linears = [c for c in children if isinstance(c, Linear)]
-    return len(linears) == 2 and all(isinstance(c, (Linear, Dropout)) for c in children)
-
-
-def watch_sdpa_attention(m):
-    """Gives m (shaped_for_it) the watched forward."""
-    m.forward = types.MethodType(_WatchedForward(type(m).forward), m)
-
-
-class _WatchedForward:
-    """The forward convert() binds (types.MethodType; it holds no reference to the module): per mode, None until the
-    first call, then the form found (_Form) or False (the module's own code)."""
-
-    def __init__(self, original):
-        self.original = original
-        self.modes = {}
-
-    def __call__(self, module, *args, **kwargs):
-        mode = (module.training, torch.is_grad_enabled())
-        form = self.modes.get(mode)
-        if form and len(args) == 1 and not kwargs:
-            out = form.run(module, args[0])
-            if out is not None:
-                return out
-        if form is not None or len(args) != 1 or kwargs or not plain(args[0]) or args[0].dim() != 3:
-            return self.original(module, *args, **kwargs)
-        out, self.modes[mode] = _watched_call(module, self.original, args[0])
-        return out
+_FORMS = {}  # probe key (sdpa_attention_form) -> the _Form found, or None
 
 
 class _Form:
-    """What the first call showed: the children's names, the heads, the attention's scale and dropout."""
+    """What the probe showed: the children's names, the heads, the attention's scale and its dropout probability in
+    training and in evaluation."""
 
     def __init__(self, qkv, proj, dropouts, heads, width, scale, dropout_p):
         self.qkv, self.proj, self.dropouts = qkv, proj, dropouts
@@ -84,91 +41,159 @@ class _Form:
 
     @without_torch_function
     def run(self, module, x):
-        """The module's computation on x, or None (without submitting anything) when x is not what it was."""
-        if not plain(x) or x.dim() != 3 or x.shape[-1] != self.width:
+        """The module's computation on tiles x, or None (nothing submitted) for an input it does not cover."""
+        if not plain(x) or x.dim() != 3 or x.shape[-1] != self.width \
+                or not isinstance(getattr(module, self.qkv, None), Linear):
             return None
         b, t, _ = x.shape
+        p = self.dropout_p[module.training]
         qkv = getattr(module, self.qkv)(x)
         if attention_tiles_ok(qkv) and tuple(qkv.shape) == (b, t, 3 * self.width):
             y = apply_tiled(CausalAttentionFunction, qkv, self.heads, self.scale,
-                            bool(getattr(qkv, "made_in_bf16", False)), None, self.dropout_p,
-                            dropout_seed() if self.dropout_p > 0.0 else 0)
-        else:  # other tiles (a sequence longer than a row tile): the module's computation as torch code (dense)
+                            bool(getattr(qkv, "made_in_bf16", False)), None, p, dropout_seed() if p > 0.0 else 0)
+        else:  # other tiles (a sequence longer than a row tile): the same computation as torch code (dense)
             q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in qkv.split(self.width, dim=2))
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p, is_causal=True, scale=self.scale)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=self.scale)
             y = y.transpose(1, 2).reshape(b, t, self.width)
         out = getattr(module, self.proj)(y)
         for name in self.dropouts:
             out = getattr(module, name)(out)
         return out
 
+    def reference(self, module, x):
+        """What the form computes, written out in torch on dense x (the probe's reference)."""
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in getattr(module, self.qkv)(x).split(c, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p[module.training], is_causal=True,
+                                           scale=self.scale)
+        out = getattr(module, self.proj)(y.transpose(1, 2).reshape(b, t, c))
+        for name in self.dropouts:
+            out = getattr(module, name)(out)
+        return out
 
-class _Watch:
-    """The torch calls on TileTensors made outside the module's children (func, args, kwargs, out, taken as tile
-    tasks), and the children's calls in order (name, args, output)."""
+
+class _Calls(TorchFunctionMode):
+    """The F.scaled_dot_product_attention calls made while it is active, their arguments by name."""
 
     def __init__(self):
-        self.calls, self.children, self.depth = [], [], 0
+        super().__init__()
+        self.sdpa = []
 
-    def __call__(self, func, args, kwargs, out, tiled):
-        if self.depth == 0:
-            self.calls.append((func, args, kwargs or {}, out, tiled))
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.scaled_dot_product_attention:
+            self.sdpa.append(dict(_SDPA_DEFAULTS, **dict(zip(_SDPA_ARGS, args)), **(kwargs or {})))
+        return func(*args, **(kwargs or {}))
 
 
-def _watched_call(module, original, x):
-    """(the module's own output on x, its _Form or False)."""
-    watch, handles = _Watch(), []
-    names = {id(c): n for n, c in module.named_children()}
+def sdpa_attention_form(m):
+    """The _Form of a dense module that computes this attention, else None (module docstring)."""
+    if next(iter(m.parameters(recurse=False)), None) is not None or "forward" in vars(m):
+        return None  # own parameters, or a forward set on the instance (someone's wrapper, a second convert)
+    children = dict(m.named_children())
+    linears = [n for n, c in children.items() if type(c) is nn.Linear]
+    if len(linears) != 2 or any(type(c) not in (nn.Linear, nn.Dropout) for c in children.values()):
+        return None
+    shapes = {n: tuple(children[n].weight.shape) for n in linears}  # (out, in)
+    qkv = [n for n in linears if shapes[n][0] == 3 * shapes[n][1]]
+    if len(qkv) != 1:
+        return None
+    proj = [n for n in linears if n != qkv[0]][0]
+    c = shapes[qkv[0]][1]
+    if shapes[proj] != (c, c):
+        return None
+    settings = tuple(sorted((k, v) for k, v in vars(m).items() if isinstance(v, (bool, int, float, str, type(None)))
+                            and k != "training"))
+    key = (type(m), tuple((n, type(ch), getattr(ch, "weight", None) is not None and tuple(ch.weight.shape),
+                           getattr(ch, "bias", None) is not None, getattr(ch, "p", None))
+                          for n, ch in children.items()), settings)
+    if key not in _FORMS:
+        _FORMS[key] = _probe(m, qkv[0], proj, c)
+    return _FORMS[key]
 
-    def enter(child, args):
-        watch.depth += 1
 
-    def leave(child, args, out):
-        watch.depth -= 1
-        watch.children.append((names[id(child)], args, out))
-
-    for child in module.children():
-        handles += [child.register_forward_pre_hook(enter), child.register_forward_hook(leave)]
-    WATCHES.append(watch)
+def _probe(m, qkv, proj, c):
+    """Runs a CPU copy of m with random weights in training and in evaluation: its _Form, or None."""
     try:
-        out = original(module, x)
+        probe = copy.deepcopy(m)
+        probe = probe.to_empty(device="cpu") if any(p.is_meta for p in probe.parameters()) else probe.to("cpu")
+    except Exception:  # a module that cannot be copied: not recognized
+        return None
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in probe.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    x = torch.randn(2, 5, c, generator=gen)
+    found = {}
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        for training in (True, False):
+            probe.train(training)
+            got = _run_watched(probe, x)
+            if got is None:
+                return None
+            out, calls, sdpa = got
+            names = [n for n, _, _ in calls]
+            if len(sdpa) != 1 or names[:2] != [qkv, proj] or len(calls[0][1]) != 1 or calls[0][1][0] is not x:
+                return None
+            last = calls[1][2]
+            for name, args, y in calls[2:]:
+                if type(getattr(probe, name)) is not nn.Dropout or len(args) != 1 or args[0] is not last:
+                    return None
+                last = y
+            a = sdpa[0]
+            q = a["query"]
+            if out is not last or a["attn_mask"] is not None or not a["is_causal"] or a["enable_gqa"] \
+                    or q.dim() != 4 or tuple(q.shape[::2]) != (2, 5) or q.shape[1] * q.shape[3] != c:
+                return None
+            scale = 1.0 / math.sqrt(q.shape[3]) if a["scale"] is None else float(a["scale"])
+            found[training] = (names[2:], q.shape[1], scale, float(a["dropout_p"]), out)
+        (drops, heads, scale, p_train, _), (drops_eval, heads_eval, scale_eval, p_eval, _) = found[True], found[False]
+        if (drops, heads, scale) != (drops_eval, heads_eval, scale_eval):
+            return None
+        form = _Form(qkv, proj, drops, heads, c, scale, {True: p_train, False: p_eval})
+        for training in (True, False):  # the reference from the random state the module's own call started from
+            probe.train(training)
+            torch.default_generator.manual_seed(1)
+            ref = form.reference(probe, x)
+            if not torch.allclose(found[training][4], ref, rtol=1e-5, atol=1e-6):
+                return None
+    return form
+
+
+def _run_watched(probe, x):
+    """probe(x) from a fixed random state: (output, its children's calls (name, args, output) in order, the
+    attention calls), or None when it raises."""
+    names = {id(ch): n for n, ch in probe.named_children()}
+    calls, handles = [], []
+    for ch in probe.children():
+        handles.append(ch.register_forward_hook(lambda mod, args, out: calls.append((names[id(mod)], args, out))))
+    watch = _Calls()
+    try:
+        torch.default_generator.manual_seed(1)
+        with watch:
+            out = probe(x)
+    except Exception:
+        return None
     finally:
-        WATCHES.pop()
         for h in handles:
             h.remove()
-    return out, _form(module, watch, x, out) or False
+    return out, calls, watch.sdpa
 
 
-def _form(module, watch, x, out):
-    """The _Form of one watched call, or None."""
-    if len(watch.children) < 2:
-        return None
-    (qkv_name, qkv_args, qkv), (proj_name, proj_args, proj) = watch.children[:2]
-    if not (isinstance(getattr(module, qkv_name), Linear) and isinstance(getattr(module, proj_name), Linear)) \
-            or len(qkv_args) != 1 or qkv_args[0] is not x or len(proj_args) != 1 or not plain(qkv):
-        return None
-    last = proj
-    for name, args, y in watch.children[2:]:
-        if not isinstance(getattr(module, name), Dropout) or len(args) != 1 or args[0] is not last:
-            return None
-        last = y
-    if out is not last:
-        return None
-    sdpa = [c for c in watch.calls if c[0] is F.scaled_dot_product_attention]
-    if len(sdpa) != 1 or not sdpa[0][4] or any(c[0] not in _LAYOUT for c in watch.calls if c not in sdpa):
-        return None
-    _, args, kwargs, y, _ = sdpa[0]
-    a = dict(_SDPA_DEFAULTS, **dict(zip(_SDPA_ARGS, args)), **kwargs)
-    q = a["query"]
-    if a["attn_mask"] is not None or not a["is_causal"] or a["enable_gqa"] or q._raw is not qkv._raw:
-        return None
-    b, h, t, d = q.shape
-    if tuple(qkv.shape) != (b, t, 3 * h * d):
-        return None
-    p = proj_args[0]  # the attention's output as (B, T, C): the same tiles in their own order
-    if not isinstance(p, TileTensor) or p._raw is not y._raw or tuple(p.shape) != (b, t, h * d) \
-            or (p._view is not None and p._view != (tuple(contiguous_strides((b, t, h * d))), 0)):
-        return None
-    scale = 1.0 / math.sqrt(d) if a["scale"] is None else float(a["scale"])
-    dropouts = [name for name, _, _ in watch.children[2:]]
-    return _Form(qkv_name, proj_name, dropouts, h, h * d, scale, float(a["dropout_p"]))
+class _FormForward:
+    """The forward convert() binds (types.MethodType; it holds no reference to the module): the form on tiles it
+    covers, else the module's own forward."""
+
+    def __init__(self, original, form):
+        self.original, self.form = original, form
+
+    def __call__(self, module, *args, **kwargs):
+        if len(args) == 1 and not kwargs:
+            out = self.form.run(module, args[0])
+            if out is not None:
+                return out
+        return self.original(module, *args, **kwargs)
+
+
+def patch_sdpa_attention(m, form):
+    """Binds the form's forward to m (found dense by sdpa_attention_form, its Linears converted since)."""
+    m.forward = types.MethodType(_FormForward(type(m).forward, form), m)
