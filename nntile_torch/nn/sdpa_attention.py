@@ -52,21 +52,23 @@ class _Form:
             y = apply_tiled(CausalAttentionFunction, qkv, self.heads, self.scale,
                             bool(getattr(qkv, "made_in_bf16", False)), None, p, dropout_seed() if p > 0.0 else 0)
         else:  # other tiles (a sequence longer than a row tile): the same computation as torch code (dense)
-            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in qkv.split(self.width, dim=2))
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=self.scale)
-            y = y.transpose(1, 2).reshape(b, t, self.width)
-        out = getattr(module, self.proj)(y)
-        for name in self.dropouts:
-            out = getattr(module, name)(out)
-        return out
+            y = self._attention(qkv, p)
+        return self._after(module, y)
 
     def reference(self, module, x):
         """What the form computes, written out in torch on dense x (the probe's reference)."""
-        b, t, c = x.shape
-        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in getattr(module, self.qkv)(x).split(c, dim=2))
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p[module.training], is_causal=True,
-                                           scale=self.scale)
-        out = getattr(module, self.proj)(y.transpose(1, 2).reshape(b, t, c))
+        return self._after(module, self._attention(getattr(module, self.qkv)(x), self.dropout_p[module.training]))
+
+    def _attention(self, qkv, p):
+        """Causal attention over qkv (B, T, 3C) split into thirds and heads, as torch code: (B, T, C)."""
+        b, t, _ = qkv.shape
+        q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in qkv.split(self.width, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=self.scale)
+        return y.transpose(1, 2).reshape(b, t, self.width)
+
+    def _after(self, module, y):
+        """The projection of y, then the Dropouts."""
+        out = getattr(module, self.proj)(y)
         for name in self.dropouts:
             out = getattr(module, name)(out)
         return out
